@@ -1,0 +1,199 @@
+"""The collection loop every runner uses: an actor steps its env group with batched inference on its local
+copy of one policy snapshot and emits one Fragment per env per rollout; plus the ``max_lead_steps``
+throttle rule."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+from .config import Config
+from .envs import EnvGroup, RewardScaler, normalize
+from .fragment import Fragment, FragmentId
+from .envs import EnvSpec
+from .policy import InferencePolicy, Snapshot
+
+
+@dataclass
+class Episode:
+    actor_id: int
+    env_index: int
+    ret: float
+    length: int
+
+
+@dataclass
+class Rollout:
+    fragments: List[Fragment]
+    episodes: List[Episode]
+    steps: int
+    env_s: float  # wall seconds in env.step
+    infer_s: float  # wall seconds in policy inference
+
+
+@dataclass
+class ActorStats:
+    steps: int = 0
+    rollouts: int = 0
+    episodes: int = 0
+    env_s: float = 0.0
+    infer_s: float = 0.0
+    throttle_s: float = 0.0  # paused by max_lead_steps
+    blocked_s: float = 0.0  # waiting for room in the queue
+    version: int = -1
+    loads: int = 0
+
+
+def lead(produced: int, snap: Snapshot, actor_id: int) -> int:
+    """Env steps this actor has produced beyond what the learner had consumed of its data at ``snap``."""
+    return produced - snap.consumed.get(actor_id, 0)
+
+
+def seed_for(base: int, actor_id: int, incarnation: int) -> int:
+    return int(np.random.SeedSequence([base, actor_id, incarnation]).generate_state(1)[0])
+
+
+class Actor:
+    def __init__(self, cfg: Config, actor_id: int, incarnation: int):
+        self.cfg = cfg
+        self.actor_id = actor_id
+        self.incarnation = incarnation
+        n = cfg.actor.envs_per_actor
+        seed = seed_for(cfg.seed, actor_id, incarnation)
+        self.envs = EnvGroup(cfg.env, n, seed % (2**31))
+        self.spec = self.envs.spec
+        self.rng = np.random.default_rng(seed)
+        self.policy: Optional[InferencePolicy] = None
+        self.snapshot: Optional[Snapshot] = None
+        self.stats = ActorStats()
+        self.obs = self.envs.reset()
+        self.t = np.zeros(n, dtype=np.int64)  # env-instance step counters
+        self.episode_id = np.zeros(n, dtype=np.int64)
+        self.episode_t = np.zeros(n, dtype=np.int64)
+        self.ep_return = np.zeros(n, dtype=np.float64)
+        self.scaler = (
+            RewardScaler(n, cfg.algo.advantage.gamma, cfg.env.reward_clip) if cfg.env.normalize_reward else None
+        )
+        if not self.spec.discrete:
+            self._low, self._high = self.spec.action_low, self.spec.action_high
+
+    def load(self, snap: Snapshot) -> None:
+        """Switch to ``snap`` (between rollouts only: a fragment is collected by exactly one version)."""
+        if self.snapshot is None or snap.version != self.snapshot.version:
+            self.policy = InferencePolicy(snap, self.spec, self.cfg.policy.activation)
+            self.snapshot = snap
+            self.stats.version = snap.version
+            self.stats.loads += 1
+
+    def _norm(self, obs: np.ndarray) -> np.ndarray:
+        s = self.snapshot
+        if self.cfg.env.normalize_obs:
+            return normalize(obs, s.obs_mean, s.obs_var, self.cfg.env.obs_clip)
+        return obs
+
+    def collect(self) -> Rollout:
+        assert self.snapshot is not None, "load a snapshot first"
+        T, E = self.cfg.actor.rollout_len, self.envs.n
+        spec = self.spec
+        obs_buf = np.empty((T, E) + spec.obs_shape, dtype=np.float32)
+        act_buf = np.empty((T, E) + spec.action_shape, dtype=np.int64 if spec.discrete else np.float32)
+        rew_buf = np.empty((T, E), dtype=np.float32)
+        term_buf = np.empty((T, E), dtype=bool)
+        trunc_buf = np.empty((T, E), dtype=bool)
+        logp_buf = np.empty((T, E), dtype=np.float32)
+        val_buf = np.empty((T, E), dtype=np.float32)
+        tval_buf = np.zeros((T, E), dtype=np.float32)
+        mean_buf = None if spec.discrete else np.empty((T, E, spec.n_actions), dtype=np.float32)
+        lstd_buf = None if spec.discrete else np.empty((T, E, spec.n_actions), dtype=np.float32)
+        start_t, start_ep, start_ept = self.t.copy(), self.episode_id.copy(), self.episode_t.copy()
+        episodes: List[Episode] = []
+        env_s = infer_s = 0.0
+        obs = self.obs
+        for step in range(T):
+            t0 = time.perf_counter()
+            a_np, logp, v, mean, log_std = self.policy.act(self._norm(obs), self.rng)
+            if spec.discrete:
+                env_a = a_np
+            else:
+                env_a = np.clip(a_np, self._low, self._high)
+                mean_buf[step] = mean
+                lstd_buf[step] = log_std
+            t1 = time.perf_counter()
+            res = self.envs.step(env_a)
+            t2 = time.perf_counter()
+            obs_buf[step] = obs
+            act_buf[step] = a_np
+            logp_buf[step] = logp
+            val_buf[step] = v
+            term_buf[step] = res.terminated
+            trunc_buf[step] = res.truncated
+            self.ep_return += res.rewards
+            done = res.terminated | res.truncated
+            rew_buf[step] = self.scaler(res.rewards, done) if self.scaler else res.rewards
+            if res.truncated.any():
+                idx = np.flatnonzero(res.truncated)
+                final = np.stack([res.final_obs[i] for i in idx])
+                tval_buf[step, idx] = self.policy.value(self._norm(final))
+            self.t += 1
+            self.episode_t += 1
+            if done.any():
+                for i in np.flatnonzero(done):
+                    episodes.append(Episode(self.actor_id, int(i), float(self.ep_return[i]), int(self.episode_t[i])))
+                self.ep_return[done] = 0.0
+                self.episode_t[done] = 0
+                self.episode_id[done] += 1
+            obs = res.next_obs
+            infer_s += t1 - t0
+            env_s += t2 - t1
+        self.obs = obs
+        version = self.snapshot.version
+        frags = []
+        for e in range(E):
+            fid = FragmentId(
+                actor_id=self.actor_id,
+                incarnation=self.incarnation,
+                env_index=e,
+                episode_id=int(start_ep[e]),
+                episode_t0=int(start_ept[e]),
+                t_start=int(start_t[e]),
+                t_end=int(start_t[e]) + T - 1,
+                behavior_version=version,
+            )
+            frags.append(
+                Fragment(
+                    id=fid,
+                    obs=obs_buf[:, e].copy(),
+                    actions=act_buf[:, e].copy(),
+                    rewards=rew_buf[:, e].copy(),
+                    terminated=term_buf[:, e].copy(),
+                    truncated=trunc_buf[:, e].copy(),
+                    logp=logp_buf[:, e].copy(),
+                    values=val_buf[:, e].copy(),
+                    trunc_values=tval_buf[:, e].copy(),
+                    last_obs=obs[e].copy(),
+                    mean=None if mean_buf is None else mean_buf[:, e].copy(),
+                    log_std=None if lstd_buf is None else lstd_buf[:, e].copy(),
+                )
+            )
+        st = self.stats
+        st.steps += T * E
+        st.rollouts += 1
+        st.episodes += len(episodes)
+        st.env_s += env_s
+        st.infer_s += infer_s
+        return Rollout(frags, episodes, T * E, env_s, infer_s)
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+def steps_per_rollout(cfg: Config) -> int:
+    return cfg.actor.envs_per_actor * cfg.actor.rollout_len
+
+
+def throttle_state(produced: int, snap: Snapshot, actor_id: int, max_lead: Optional[int]) -> Tuple[bool, int]:
+    """(must_pause, lead): pause before a rollout that would start beyond ``max_lead`` steps of lead."""
+    ld = lead(produced, snap, actor_id)
+    return (max_lead is not None and ld >= max_lead), ld

@@ -1,0 +1,141 @@
+"""Pure tensor functions: advantage estimators, policy losses, log-probs, KL estimators.
+
+No threads, no config objects. Time-major layout: ``[T, N]`` (T steps of N independent sequences).
+``discounts[t]`` is the discount applied *after* step t: ``gamma * (1 - done[t])``; a truncated step is
+handled by the caller by folding ``gamma * V(final_obs)`` into its reward and marking it done.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
+HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def gae(rewards: Tensor, values: Tensor, bootstrap: Tensor, discounts: Tensor, lam: float) -> Tensor:
+    """Generalized advantage estimation (Schulman et al. 2016).
+
+    A_t = sum_k (prod_{i<k} discounts[t+i] * lam) * delta_{t+k},
+    delta_t = r_t + discounts[t] * V_{t+1} - V_t, with V_T = bootstrap.
+    """
+    T = rewards.shape[0]
+    next_values = torch.cat([values[1:], bootstrap.unsqueeze(0)], dim=0)
+    deltas = rewards + discounts * next_values - values
+    adv = torch.zeros_like(rewards)
+    acc = torch.zeros_like(bootstrap)
+    for t in range(T - 1, -1, -1):
+        acc = deltas[t] + discounts[t] * lam * acc
+        adv[t] = acc
+    return adv
+
+
+class VTraceReturns(NamedTuple):
+    vs: Tensor  # value targets v_s
+    advantages: Tensor  # q_s - V(x_s), with q_s = r_s + discount_s * v_{s+1}
+
+
+def vtrace(
+    behavior_logp: Tensor,
+    target_logp: Tensor,
+    rewards: Tensor,
+    values: Tensor,
+    bootstrap: Tensor,
+    discounts: Tensor,
+    rho_bar: float = 1.0,
+    c_bar: float = 1.0,
+    lam: float = 1.0,
+) -> VTraceReturns:
+    """V-trace targets (Espeholt et al. 2018, eq. 1), computed by the backward recursion
+
+    v_s - V(x_s) = delta_s + discount_s * c_s * (v_{s+1} - V(x_{s+1})),
+    delta_s = rho_s (r_s + discount_s V(x_{s+1}) - V(x_s)), rho_s = min(rho_bar, pi/mu),
+    c_s = lam * min(c_bar, pi/mu).
+
+    The returned advantage is ``r_s + discount_s * v_{s+1} - V(x_s)`` *without* the paper's rho_s factor:
+    the PPO surrogate multiplies by its own (clipped) ratio pi_theta / mu, so applying rho_s here too would
+    weight the policy gradient twice. On fresh data with lam=1 these are the n-step / GAE(1) targets.
+    """
+    with torch.no_grad():
+        ratio = torch.exp(target_logp - behavior_logp)
+        rhos = torch.clamp(ratio, max=rho_bar)
+        cs = lam * torch.clamp(ratio, max=c_bar)
+        next_values = torch.cat([values[1:], bootstrap.unsqueeze(0)], dim=0)
+        deltas = rhos * (rewards + discounts * next_values - values)
+        T = rewards.shape[0]
+        vs_minus_v = torch.zeros_like(values)
+        acc = torch.zeros_like(bootstrap)
+        for t in range(T - 1, -1, -1):
+            acc = deltas[t] + discounts[t] * cs[t] * acc
+            vs_minus_v[t] = acc
+        vs = vs_minus_v + values
+        next_vs = torch.cat([vs[1:], bootstrap.unsqueeze(0)], dim=0)
+        advantages = rewards + discounts * next_vs - values
+    return VTraceReturns(vs, advantages)
+
+
+class LossInfo(NamedTuple):
+    loss: Tensor
+    clip_frac: Tensor  # fraction of samples where the eps-clip is active
+    dual_clip_frac: Tensor  # fraction where the dual-clip bound c*A is active (0 for plain clip)
+
+
+def _clipped_objective(logp: Tensor, old_logp: Tensor, adv: Tensor, eps: float):
+    ratio = torch.exp(logp - old_logp)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - eps, 1.0 + eps) * adv
+    obj = torch.minimum(unclipped, clipped)
+    clip_frac = ((ratio - 1.0).abs() > eps).float().mean()
+    return obj, clip_frac
+
+
+def ppo_clip_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, eps: float) -> LossInfo:
+    """PPO clipped surrogate, as a loss: -E[min(r A, clip(r, 1-eps, 1+eps) A)]."""
+    obj, clip_frac = _clipped_objective(logp, old_logp, adv, eps)
+    return LossInfo(-obj.mean(), clip_frac, torch.zeros((), dtype=obj.dtype))
+
+
+def dual_clip_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, eps: float, c: float) -> LossInfo:
+    """Dual-clip PPO (Ye et al. 2020): for A < 0 the objective is max(min(r A, clip(r) A), c A), c > 1.
+
+    Bounds how far one sample with a negative advantage and a huge (stale) ratio can push the loss.
+    """
+    obj, clip_frac = _clipped_objective(logp, old_logp, adv, eps)
+    lower = c * adv
+    neg = adv < 0
+    dual = torch.where(neg, torch.maximum(obj, lower), obj)
+    dual_frac = (neg & (lower > obj)).float().mean()
+    return LossInfo(-dual.mean(), clip_frac, dual_frac)
+
+
+def gaussian_logp(x: Tensor, mean: Tensor, log_std: Tensor) -> Tensor:
+    """Log-density of a diagonal Gaussian, summed over the last (action) dimension."""
+    z = (x - mean) * torch.exp(-log_std)
+    return (-0.5 * z * z - log_std - HALF_LOG_2PI).sum(-1)
+
+
+def gaussian_entropy(log_std: Tensor) -> Tensor:
+    return (log_std + 0.5 + HALF_LOG_2PI).sum(-1)
+
+
+def categorical_logp_entropy(logits: Tensor, actions: Tensor):
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy
+
+
+def approx_kl_k3(logp_new: Tensor, logp_old: Tensor) -> Tensor:
+    """Schulman's k3 estimator of KL(old || new) from samples drawn under old: E[(r - 1) - log r]."""
+    log_r = logp_new - logp_old
+    return ((torch.exp(log_r) - 1.0) - log_r).mean()
+
+
+def explained_variance(pred: Tensor, target: Tensor) -> float:
+    var = torch.var(target)
+    if var.item() == 0.0:
+        return float("nan")
+    return float(1.0 - torch.var(target - pred) / var)

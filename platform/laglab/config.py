@@ -1,0 +1,285 @@
+"""Config schema (checked by Hydra/OmegaConf) and the cross-field rules a schema cannot express.
+
+The tree mirrors the system: ``algo`` (advantage estimator + policy loss), ``env``, ``policy`` (network),
+``actor``, ``learner``, ``runner``, ``transport``, ``tracking``; ``actors``, ``seed`` and
+``total_env_steps`` sit at the top. Types, unknown keys and enum values are rejected by OmegaConf when
+Hydra composes the config; :func:`validate` rejects combinations, before any thread starts.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Dict, List, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+
+class Estimator(str, Enum):
+    gae = "gae"
+    vtrace = "vtrace"
+
+
+class LossKind(str, Enum):
+    clip = "clip"
+    dual_clip = "dual_clip"
+
+
+class RunnerKind(str, Enum):
+    thread = "thread"
+    sync = "sync"
+
+
+class Overflow(str, Enum):
+    block = "block"
+    reject = "reject"
+    drop_oldest = "drop_oldest"
+
+
+@dataclass
+class AdvantageConfig:
+    estimator: Estimator = Estimator.gae
+    gamma: float = 0.99
+    lam: float = 0.95
+    rho_bar: float = 1.0  # V-trace: truncation of the importance weight in the TD error
+    c_bar: float = 1.0  # V-trace: truncation of the trace-cutting coefficients
+
+
+@dataclass
+class LossConfig:
+    kind: LossKind = LossKind.clip
+    clip_eps: float = 0.2
+    dual_clip_c: float = 3.0  # lower bound c*A for negative advantages (dual-clip only), must be > 1
+    vf_coef: float = 0.5
+    ent_coef: float = 0.0
+    max_grad_norm: float = 0.5
+    norm_adv: bool = True
+
+
+@dataclass
+class AlgoConfig:
+    name: str = "ppo"
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+
+
+@dataclass
+class EnvConfig:
+    id: str = "CartPole-v1"
+    kwargs: Dict[str, Any] = field(default_factory=dict)
+    max_episode_steps: Optional[int] = None
+    normalize_obs: bool = False  # running mean/std owned by the learner, shipped with every snapshot
+    obs_clip: float = 10.0
+    normalize_reward: bool = False  # per-env scaling by the std of the discounted return (actor side)
+    reward_clip: float = 10.0
+
+
+@dataclass
+class PolicyConfig:
+    hidden_sizes: List[int] = field(default_factory=lambda: [64, 64])
+    activation: str = "tanh"
+    log_std_init: float = 0.0
+
+
+@dataclass
+class ActorConfig:
+    envs_per_actor: int = 8
+    rollout_len: int = 32  # steps per fragment
+    # an actor pauses once it has produced this many env steps beyond what the learner has consumed
+    # of its data, until the next snapshot arrives; null = never pause
+    max_lead_steps: Optional[int] = None
+
+
+@dataclass
+class LearnerConfig:
+    batch_size: int = 1024  # transitions per update
+    epochs: int = 4
+    minibatches: int = 4
+    lr: float = 1e-3
+    anneal_lr: bool = True
+    adam_eps: float = 1e-5
+    broadcast_every: int = 1  # publish a snapshot every N updates
+    max_policy_lag: Optional[int] = None  # drop transitions older than this many versions; null = keep all
+    target_kl: Optional[float] = None  # stop the epochs of an update early past this approx KL
+    checkpoint: bool = True
+
+
+@dataclass
+class RunnerConfig:
+    name: RunnerKind = RunnerKind.thread
+    torch_threads: int = 1
+    poll_s: float = 0.05  # how often a waiting thread re-checks for shutdown and failures
+    actor_timeout_s: float = 120.0  # learner gives up when no data arrives for this long
+
+
+@dataclass
+class TransportConfig:
+    capacity: int = 64  # fragments in the queue
+    max_bytes: int = 256 * 1024 * 1024
+    policy: Overflow = Overflow.block
+
+
+@dataclass
+class WandbConfig:
+    mode: str = "disabled"
+    project: str = "laglab"
+    entity: Optional[str] = None
+    group: Optional[str] = None
+    name: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+
+
+@dataclass
+class TrackingConfig:
+    console_every_s: float = 5.0
+    flush_every: int = 50  # rewrite metrics.parquet every N updates, so a crashed run keeps its rows
+    return_window: int = 20
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass
+class Config:
+    actors: int = 4
+    seed: int = 0
+    total_env_steps: int = 200_000
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+
+SCHEMA_NAME = "laglab_schema"  # not a selectable group option
+
+
+def lead_batches(k: float, *, _root_: Any) -> int:
+    """Resolver ``${lead_batches:k}``: a per-actor ``max_lead_steps`` that lets all actors together run
+    ``k`` snapshots' worth of batches ahead of the learner (at least one rollout each)."""
+    a, lr = _root_.actor, _root_.learner
+    share = math.ceil(float(k) * lr.batch_size * lr.broadcast_every / max(1, int(_root_.actors)))
+    return max(int(a.envs_per_actor) * int(a.rollout_len), share)
+
+
+def register_configs() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    OmegaConf.register_new_resolver("lead_batches", lead_batches, replace=True)
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=Config)
+
+
+class ConfigError(ValueError):
+    """A user-caused config problem; the message names the key and what is allowed."""
+
+
+ACTIVATIONS = ("tanh", "relu", "elu")
+
+
+def _require(ok: bool, key: str, allowed: str, got: Any) -> None:
+    if not ok:
+        raise ConfigError(f"invalid config: {key}={got!r}; allowed: {allowed}")
+
+
+def validate(cfg: Any) -> Config:
+    """Check the cross-field rules and return a typed ``Config`` object.
+
+    Accepts a DictConfig (from Hydra) or a ``Config``. Raises :class:`ConfigError` naming the key.
+    """
+    if isinstance(cfg, DictConfig):
+        merged = OmegaConf.merge(OmegaConf.structured(Config), cfg)
+        c: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    else:
+        c = cfg
+    a, lr, ac, al = c.actor, c.learner, c.algo, c.algo.advantage
+    _require(c.actors >= 1, "actors", "an integer >= 1", c.actors)
+    _require(c.total_env_steps >= 1, "total_env_steps", "an integer >= 1", c.total_env_steps)
+    _require(a.envs_per_actor >= 1, "actor.envs_per_actor", "an integer >= 1", a.envs_per_actor)
+    _require(a.rollout_len >= 1, "actor.rollout_len", "an integer >= 1", a.rollout_len)
+    _require(lr.batch_size >= 1, "learner.batch_size", "an integer >= 1", lr.batch_size)
+    _require(lr.epochs >= 1, "learner.epochs", "an integer >= 1", lr.epochs)
+    _require(lr.minibatches >= 1, "learner.minibatches", "an integer >= 1", lr.minibatches)
+    _require(lr.lr > 0, "learner.lr", "a number > 0", lr.lr)
+    _require(lr.broadcast_every >= 1, "learner.broadcast_every", "an integer >= 1", lr.broadcast_every)
+    _require(
+        lr.batch_size % lr.minibatches == 0,
+        "learner.batch_size",
+        f"a multiple of learner.minibatches ({lr.minibatches})",
+        lr.batch_size,
+    )
+    _require(
+        lr.batch_size % a.rollout_len == 0,
+        "learner.batch_size",
+        f"a multiple of actor.rollout_len ({a.rollout_len}): a batch is whole fragments",
+        lr.batch_size,
+    )
+    _require(
+        c.total_env_steps >= lr.batch_size,
+        "total_env_steps",
+        f">= learner.batch_size ({lr.batch_size}), or no update would ever run",
+        c.total_env_steps,
+    )
+    _require(
+        lr.max_policy_lag is None or lr.max_policy_lag >= 0,
+        "learner.max_policy_lag",
+        "null or an integer >= 0",
+        lr.max_policy_lag,
+    )
+    _require(lr.target_kl is None or lr.target_kl > 0, "learner.target_kl", "null or > 0", lr.target_kl)
+    _require(0.0 <= al.gamma <= 1.0, "algo.advantage.gamma", "a number in [0, 1]", al.gamma)
+    _require(0.0 <= al.lam <= 1.0, "algo.advantage.lam", "a number in [0, 1]", al.lam)
+    _require(al.c_bar > 0, "algo.advantage.c_bar", "a number > 0", al.c_bar)
+    _require(
+        al.rho_bar >= al.c_bar,
+        "algo.advantage.rho_bar",
+        f"a number >= algo.advantage.c_bar ({al.c_bar}) (V-trace needs rho_bar >= c_bar)",
+        al.rho_bar,
+    )
+    _require(0.0 < ac.loss.clip_eps < 1.0, "algo.loss.clip_eps", "a number in (0, 1)", ac.loss.clip_eps)
+    _require(ac.loss.dual_clip_c > 1.0, "algo.loss.dual_clip_c", "a number > 1", ac.loss.dual_clip_c)
+    _require(ac.loss.max_grad_norm > 0, "algo.loss.max_grad_norm", "a number > 0", ac.loss.max_grad_norm)
+    _require(
+        c.policy.activation in ACTIVATIONS, "policy.activation", " | ".join(ACTIVATIONS), c.policy.activation
+    )
+    _require(
+        len(c.policy.hidden_sizes) >= 1 and all(h >= 1 for h in c.policy.hidden_sizes),
+        "policy.hidden_sizes",
+        "a non-empty list of integers >= 1",
+        c.policy.hidden_sizes,
+    )
+    per_round = a.envs_per_actor * a.rollout_len
+    if a.max_lead_steps is not None:
+        _require(
+            a.max_lead_steps >= per_round,
+            "actor.max_lead_steps",
+            f"null or >= one rollout (envs_per_actor*rollout_len = {per_round})",
+            a.max_lead_steps,
+        )
+        need = lr.batch_size * lr.broadcast_every
+        _require(
+            a.max_lead_steps * c.actors >= need,
+            "actor.max_lead_steps",
+            f"null or >= learner.batch_size*learner.broadcast_every/actors ({need / c.actors:g}), "
+            "or every actor would pause before the learner publishes a snapshot",
+            a.max_lead_steps,
+        )
+    if c.runner.name == RunnerKind.sync:
+        round_steps = c.actors * per_round
+        _require(
+            lr.batch_size % round_steps == 0,
+            "learner.batch_size",
+            f"with runner=sync, a multiple of actors*envs_per_actor*rollout_len ({round_steps}) "
+            "so every batch is collected by one policy version",
+            lr.batch_size,
+        )
+    _require(c.transport.capacity >= 1, "transport.capacity", "an integer >= 1", c.transport.capacity)
+    _require(c.transport.max_bytes >= 1, "transport.max_bytes", "an integer >= 1", c.transport.max_bytes)
+    _require(c.runner.torch_threads >= 1, "runner.torch_threads", "an integer >= 1", c.runner.torch_threads)
+    _require(
+        c.tracking.wandb.mode in ("disabled", "offline", "online", "auto"),
+        "tracking.wandb.mode",
+        "online | offline | disabled | auto",
+        c.tracking.wandb.mode,
+    )
+    return c

@@ -1,0 +1,155 @@
+"""Environments: ``make_env`` for any gymnasium id, a small same-step-autoreset env group that an actor
+steps with one batched action, and the running statistics used for observation/reward normalization."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+import gymnasium as gym
+import numpy as np
+
+from .config import ConfigError, EnvConfig
+
+
+def make_env(cfg: EnvConfig) -> gym.Env:
+    """Build one environment; unknown ids and missing extras become a :class:`ConfigError`."""
+    kwargs: Dict[str, Any] = dict(cfg.kwargs or {})
+    if cfg.max_episode_steps is not None:
+        kwargs["max_episode_steps"] = cfg.max_episode_steps
+    try:
+        env = gym.make(cfg.id, **kwargs)
+    except gym.error.Error as e:  # unknown id, deprecated version, bad kwargs the registry catches
+        raise ConfigError(f"invalid config: env.id={cfg.id!r} could not be made: {e}") from e
+    except (ImportError, ModuleNotFoundError) as e:
+        raise ConfigError(
+            f"invalid config: env.id={cfg.id!r} needs an optional dependency ({e}); "
+            "for MuJoCo tasks: pip install 'gymnasium[mujoco]'"
+        ) from e
+    except TypeError as e:
+        raise ConfigError(f"invalid config: env.kwargs={cfg.kwargs!r} rejected by {cfg.id!r}: {e}") from e
+    if not isinstance(env.action_space, (gym.spaces.Discrete, gym.spaces.Box)):
+        raise ConfigError(
+            f"invalid config: env.id={cfg.id!r} has action space {env.action_space}; allowed: Discrete or Box"
+        )
+    if not isinstance(env.observation_space, gym.spaces.Box):
+        raise ConfigError(
+            f"invalid config: env.id={cfg.id!r} has observation space {env.observation_space}; allowed: Box"
+        )
+    return env
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What actors and the learner need to agree on about an env (no live objects)."""
+
+    obs_shape: Tuple[int, ...]
+    discrete: bool
+    n_actions: int  # Discrete: number of actions; Box: action dimension
+    action_low: Optional[np.ndarray] = None
+    action_high: Optional[np.ndarray] = None
+
+    @staticmethod
+    def of(env: gym.Env) -> "EnvSpec":
+        space = env.action_space
+        if isinstance(space, gym.spaces.Discrete):
+            return EnvSpec(tuple(env.observation_space.shape), True, int(space.n))
+        return EnvSpec(
+            tuple(env.observation_space.shape),
+            False,
+            int(np.prod(space.shape)),
+            np.asarray(space.low, dtype=np.float32),
+            np.asarray(space.high, dtype=np.float32),
+        )
+
+    @property
+    def action_shape(self) -> Tuple[int, ...]:
+        return () if self.discrete else (self.n_actions,)
+
+
+@dataclass
+class StepResult:
+    next_obs: np.ndarray  # [E, *obs]: after autoreset, the first obs of the new episode
+    rewards: np.ndarray  # [E] float64, raw env rewards
+    terminated: np.ndarray  # [E] bool
+    truncated: np.ndarray  # [E] bool (and not terminated)
+    final_obs: Dict[int, np.ndarray]  # env index -> last obs of an episode that ended this step
+
+
+class EnvGroup:
+    """E environments stepped together; an episode that ends is reset in the same step (its final
+    observation is returned separately, so truncation can be bootstrapped)."""
+
+    def __init__(self, cfg: EnvConfig, n: int, seed: int):
+        self.envs: List[gym.Env] = [make_env(cfg) for _ in range(n)]
+        self.spec = EnvSpec.of(self.envs[0])
+        self.n = n
+        self._seed = seed
+
+    def reset(self) -> np.ndarray:
+        obs = [env.reset(seed=self._seed + i)[0] for i, env in enumerate(self.envs)]
+        for i, env in enumerate(self.envs):
+            env.action_space.seed(self._seed + i)
+        return np.stack(obs).astype(np.float32)
+
+    def step(self, actions: np.ndarray) -> StepResult:
+        n = self.n
+        next_obs = [None] * n
+        rewards = np.empty(n, dtype=np.float64)
+        term = np.zeros(n, dtype=bool)
+        trunc = np.zeros(n, dtype=bool)
+        final: Dict[int, np.ndarray] = {}
+        for i, env in enumerate(self.envs):
+            o, r, te, tr, _ = env.step(actions[i])
+            rewards[i] = r
+            if te or tr:
+                term[i] = bool(te)
+                trunc[i] = bool(tr) and not te
+                final[i] = np.asarray(o, dtype=np.float32)
+                o, _ = env.reset()
+            next_obs[i] = o
+        return StepResult(np.stack(next_obs).astype(np.float32), rewards, term, trunc, final)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+class RunningMeanStd:
+    """Running mean/variance over a stream of batches (parallel-variance update, Chan et al.)."""
+
+    def __init__(self, shape: Tuple[int, ...] = (), epsilon: float = 1e-4):
+        self.mean = np.zeros(shape, dtype=np.float64)
+        self.var = np.ones(shape, dtype=np.float64)
+        self.count = float(epsilon)
+
+    def update(self, x: np.ndarray) -> None:
+        x = np.asarray(x, dtype=np.float64)
+        b_mean, b_var, b_count = x.mean(axis=0), x.var(axis=0), x.shape[0]
+        delta = b_mean - self.mean
+        total = self.count + b_count
+        self.mean = self.mean + delta * b_count / total
+        m2 = self.var * self.count + b_var * b_count + delta**2 * self.count * b_count / total
+        self.var = m2 / total
+        self.count = total
+
+
+def normalize(obs: np.ndarray, mean: np.ndarray, var: np.ndarray, clip: float) -> np.ndarray:
+    return np.clip((obs - mean) / np.sqrt(var + 1e-8), -clip, clip).astype(np.float32)
+
+
+class RewardScaler:
+    """Per-env reward scaling by the running std of the discounted return (as gymnasium's
+    NormalizeReward, vectorized over an env group). Episode statistics use the raw rewards."""
+
+    def __init__(self, n: int, gamma: float, clip: float):
+        self.returns = np.zeros(n, dtype=np.float64)
+        self.rms = RunningMeanStd(())
+        self.gamma = gamma
+        self.clip = clip
+
+    def __call__(self, rewards: np.ndarray, done: np.ndarray) -> np.ndarray:
+        self.returns = self.returns * self.gamma + rewards
+        self.rms.update(self.returns)
+        scaled = np.clip(rewards / np.sqrt(self.rms.var + 1e-8), -self.clip, self.clip)
+        self.returns[done] = 0.0
+        return scaled

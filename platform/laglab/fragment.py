@@ -1,0 +1,58 @@
+"""The Fragment: ``rollout_len`` consecutive steps of one env instance, with its identity.
+
+Arrays plus a plain header (no Python object identity), so the same record can cross a thread, process
+or host boundary. Time runs along axis 0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class FragmentId:
+    actor_id: int
+    incarnation: int  # unique per actor start/restart within a run
+    env_index: int  # env instance within the actor
+    episode_id: int  # episode (per env instance) at t_start; it increments after every done
+    episode_t0: int  # step index within that episode at t_start
+    t_start: int  # env-instance step counter (across episodes) of the first step
+    t_end: int  # ... of the last step (inclusive)
+    behavior_version: int
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def length(self) -> int:
+        return self.t_end - self.t_start + 1
+
+
+@dataclass(frozen=True)
+class Fragment:
+    id: FragmentId
+    obs: np.ndarray  # [T, *obs_shape] float32, raw (unnormalized) observations
+    actions: np.ndarray  # [T] int64 or [T, A] float32 (the sampled, unclipped action)
+    rewards: np.ndarray  # [T] float32 (scaled if env.normalize_reward)
+    terminated: np.ndarray  # [T] bool
+    truncated: np.ndarray  # [T] bool (never together with terminated)
+    logp: np.ndarray  # [T] float32, behavior log-prob of the action
+    values: np.ndarray  # [T] float32, behavior value estimates
+    trunc_values: np.ndarray  # [T] float32, behavior V(final obs) at truncated steps, else 0
+    last_obs: np.ndarray  # [*obs_shape] obs after the last step (bootstrap)
+    mean: Optional[np.ndarray] = None  # [T, A] Gaussian mean (continuous actions)
+    log_std: Optional[np.ndarray] = None  # [T, A] Gaussian log-std (continuous actions)
+
+    @property
+    def length(self) -> int:
+        return int(self.rewards.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        arrays: Tuple[Optional[np.ndarray], ...] = (
+            self.obs, self.actions, self.rewards, self.terminated, self.truncated, self.logp,
+            self.values, self.trunc_values, self.last_obs, self.mean, self.log_std,
+        )
+        return sum(a.nbytes for a in arrays if a is not None) + 9 * 8

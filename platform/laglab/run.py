@@ -1,0 +1,81 @@
+"""One training run: build the learner and tracker, hand them to the configured runner, and always leave
+a readable run dir (metrics, summary marked with how the run ended, checkpoint)."""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from pathlib import Path
+from typing import Any, Dict
+
+import numpy as np
+import torch
+
+from .config import Config
+from .envs import EnvSpec, make_env
+from .learner import Learner
+from .runners import RUNNERS
+from .tracking import Tracker
+
+log = logging.getLogger("laglab")
+
+
+def env_spec(cfg: Config) -> EnvSpec:
+    env = make_env(cfg.env)
+    try:
+        return EnvSpec.of(env)
+    finally:
+        env.close()
+
+
+def run(cfg: Config, run_dir: Path) -> Dict[str, Any]:
+    run_dir = Path(run_dir)
+    torch.set_num_threads(cfg.runner.torch_threads)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    spec = env_spec(cfg)
+    learner = Learner(cfg, spec)
+    tracker = Tracker(run_dir, cfg.tracking.return_window, cfg.tracking.flush_every,
+                      cfg.tracking.console_every_s, cfg.total_env_steps)
+    base = {"algo": cfg.algo.name, "actors": cfg.actors, "seed": cfg.seed, "runner": cfg.runner.name.value,
+            "env_id": cfg.env.id, "total_env_steps": cfg.total_env_steps}
+    log.info("laglab: %s on %s, %d actor(s), runner=%s, seed=%d -> %s", cfg.algo.name, cfg.env.id, cfg.actors,
+             cfg.runner.name.value, cfg.seed, run_dir)
+    status, error, result = "failed", None, {}
+    t0 = time.perf_counter()
+    try:
+        result = RUNNERS[cfg.runner.name](cfg, learner, tracker, spec)
+        status = "completed"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    except BaseException as e:
+        error = f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        wall = time.perf_counter() - t0
+        env_steps = int(result.get("env_steps", tracker.rows[-1]["env_steps"] if tracker.rows else 0))
+        summary = dict(base)
+        summary.update({
+            "status": status,
+            "env_steps": env_steps,
+            "updates": learner.updates,
+            "policy_version": learner.version,
+            "wall_time_s": wall,
+            "sps": env_steps / wall if wall > 0 else 0.0,
+        })
+        if error:
+            summary["error"] = error
+        if "accounting" in result:
+            summary["transport"] = result["accounting"].as_dict()
+            summary["transport"].update(result.get("queue", {}))
+        if "actor_stats" in result:
+            summary["actors_stats"] = {str(i): vars(s) for i, s in sorted(result["actor_stats"].items())}
+        if cfg.learner.checkpoint:
+            summary["checkpoint"] = str(learner.save_checkpoint(run_dir / "checkpoints" / "final.pt"))
+        summary = tracker.finish(summary)
+        log.info("laglab: %s after %d env steps, %d updates, %.1fs (%.0f sps); return (last %d) %.1f, best %.1f",
+                 status, env_steps, learner.updates, wall, summary["sps"], cfg.tracking.return_window,
+                 summary["final_return_mean"], summary["best_return_mean"])
+    return summary

@@ -1,0 +1,185 @@
+"""The math, each against an independent slow reference written from the paper's formula."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from laglab import algo
+
+rng = np.random.default_rng(1234)
+
+
+def _random_rollout(T=7, N=3, p_done=0.25, gamma=0.97):
+    rewards = torch.tensor(rng.normal(size=(T, N)), dtype=torch.float64)
+    values = torch.tensor(rng.normal(size=(T, N)), dtype=torch.float64)
+    bootstrap = torch.tensor(rng.normal(size=N), dtype=torch.float64)
+    dones = torch.tensor(rng.random((T, N)) < p_done, dtype=torch.float64)
+    discounts = gamma * (1.0 - dones)
+    return rewards, values, bootstrap, discounts
+
+
+def gae_reference(r, v, boot, disc, lam):
+    """A_t = sum_{k>=0} (prod_{i<k} lam * disc[t+i]) * delta_{t+k}, written as a double sum."""
+    T, N = r.shape
+    out = np.zeros((T, N))
+    for n in range(N):
+        vals = list(v[:, n].tolist()) + [float(boot[n])]
+        for t in range(T):
+            total, weight = 0.0, 1.0
+            for k in range(t, T):
+                delta = r[k, n].item() + disc[k, n].item() * vals[k + 1] - vals[k]
+                total += weight * delta
+                weight *= lam * disc[k, n].item()
+            out[t, n] = total
+    return out
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.8, 0.95, 1.0])
+def test_gae_matches_double_sum(lam):
+    r, v, boot, disc = _random_rollout()
+    got = algo.gae(r, v, boot, disc, lam).numpy()
+    np.testing.assert_allclose(got, gae_reference(r, v, boot, disc, lam), rtol=1e-10, atol=1e-10)
+
+
+def test_gae_lambda_one_is_discounted_return_minus_value():
+    r, v, boot, disc = _random_rollout(p_done=0.0, gamma=0.9)
+    T = r.shape[0]
+    ret = np.zeros_like(r.numpy())
+    for t in range(T):
+        g = sum(0.9 ** (k - t) * r[k].numpy() for k in range(t, T)) + 0.9 ** (T - t) * boot.numpy()
+        ret[t] = g
+    np.testing.assert_allclose(algo.gae(r, v, boot, disc, 1.0).numpy(), ret - v.numpy(), rtol=1e-10)
+
+
+def vtrace_reference(b_logp, t_logp, r, v, boot, disc, rho_bar, c_bar, lam):
+    """Espeholt et al. (2018) eq. (1), with per-step discounts and lambda in the traces:
+    v_s = V(x_s) + sum_{t>=s} (prod_{i=s}^{t-1} disc_i) (prod_{i=s}^{t-1} c_i) delta_t V,
+    delta_t V = rho_t (r_t + disc_t V(x_{t+1}) - V(x_t)), rho_t = min(rho_bar, ratio), c_i = lam min(c_bar, ratio)."""
+    T, N = r.shape
+    ratio = np.exp((t_logp - b_logp).numpy())
+    vs = np.zeros((T, N))
+    for n in range(N):
+        vals = list(v[:, n].tolist()) + [float(boot[n])]
+        for s in range(T):
+            total = 0.0
+            for t in range(s, T):
+                coef = 1.0
+                for i in range(s, t):
+                    coef *= disc[i, n].item() * lam * min(c_bar, ratio[i, n])
+                rho_t = min(rho_bar, ratio[t, n])
+                total += coef * rho_t * (r[t, n].item() + disc[t, n].item() * vals[t + 1] - vals[t])
+            vs[s, n] = vals[s] + total
+    next_vs = np.concatenate([vs[1:], boot.numpy()[None]], axis=0)
+    adv = r.numpy() + disc.numpy() * next_vs - v.numpy()
+    return vs, adv
+
+
+@pytest.mark.parametrize("rho_bar,c_bar,lam", [(1.0, 1.0, 1.0), (2.0, 0.7, 1.0), (1.5, 1.0, 0.9), (10.0, 10.0, 0.8)])
+def test_vtrace_matches_double_sum(rho_bar, c_bar, lam):
+    r, v, boot, disc = _random_rollout(T=8, N=4)
+    b_logp = torch.tensor(rng.normal(size=r.shape) * 0.6, dtype=torch.float64)
+    t_logp = torch.tensor(rng.normal(size=r.shape) * 0.6, dtype=torch.float64)
+    ratio = torch.exp(t_logp - b_logp)
+    assert (ratio > 1).any() and (ratio < 1).any()  # the test exercises both clipped and unclipped weights
+    got = algo.vtrace(b_logp, t_logp, r, v, boot, disc, rho_bar, c_bar, lam)
+    vs, adv = vtrace_reference(b_logp, t_logp, r, v, boot, disc, rho_bar, c_bar, lam)
+    np.testing.assert_allclose(got.vs.numpy(), vs, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(got.advantages.numpy(), adv, rtol=1e-9, atol=1e-9)
+
+
+def test_vtrace_on_policy_reduces_to_gae_lambda_one():
+    r, v, boot, disc = _random_rollout(T=9, N=3)
+    logp = torch.tensor(rng.normal(size=r.shape), dtype=torch.float64)
+    got = algo.vtrace(logp, logp, r, v, boot, disc, rho_bar=1.0, c_bar=1.0, lam=1.0)
+    gae1 = algo.gae(r, v, boot, disc, 1.0)
+    np.testing.assert_allclose(got.vs.numpy(), (gae1 + v).numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(got.advantages.numpy(), gae1.numpy(), rtol=1e-10, atol=1e-10)
+
+
+def test_vtrace_on_policy_with_lambda_gives_gae_lambda_returns():
+    r, v, boot, disc = _random_rollout(T=9, N=3)
+    logp = torch.zeros(r.shape, dtype=torch.float64)
+    got = algo.vtrace(logp, logp, r, v, boot, disc, rho_bar=1.0, c_bar=1.0, lam=0.9)
+    np.testing.assert_allclose(got.vs.numpy(), (algo.gae(r, v, boot, disc, 0.9) + v).numpy(), rtol=1e-10)
+
+
+def _surrogate_reference(logp, old, adv, eps, c=None):
+    out, clipped, dual = [], 0, 0
+    for lp, lo, a in zip(logp.tolist(), old.tolist(), adv.tolist()):
+        r = math.exp(lp - lo)
+        obj = min(r * a, min(max(r, 1 - eps), 1 + eps) * a)
+        clipped += abs(r - 1) > eps
+        if c is not None and a < 0:
+            if c * a > obj:
+                dual += 1
+            obj = max(obj, c * a)
+        out.append(obj)
+    n = len(out)
+    return -sum(out) / n, clipped / n, dual / n
+
+
+def _loss_inputs(n=200):
+    logp = torch.tensor(rng.normal(size=n), dtype=torch.float64)
+    old = logp + torch.tensor(rng.normal(size=n) * 1.5, dtype=torch.float64)  # ratios far from 1 both ways
+    adv = torch.tensor(rng.normal(size=n) * 2, dtype=torch.float64)
+    return logp, old, adv
+
+
+def test_ppo_clip_loss_matches_reference():
+    logp, old, adv = _loss_inputs()
+    info = algo.ppo_clip_loss(logp, old, adv, 0.2)
+    loss, cf, _ = _surrogate_reference(logp, old, adv, 0.2)
+    assert float(info.loss) == pytest.approx(loss, rel=1e-12)
+    assert float(info.clip_frac) == pytest.approx(cf)
+    assert float(info.dual_clip_frac) == 0.0
+
+
+@pytest.mark.parametrize("c", [1.5, 3.0])
+def test_dual_clip_loss_matches_reference(c):
+    logp, old, adv = _loss_inputs()
+    info = algo.dual_clip_loss(logp, old, adv, 0.2, c)
+    loss, cf, df = _surrogate_reference(logp, old, adv, 0.2, c)
+    assert df > 0  # the bound is active somewhere in these inputs
+    assert float(info.loss) == pytest.approx(loss, rel=1e-12)
+    assert float(info.clip_frac) == pytest.approx(cf)
+    assert float(info.dual_clip_frac) == pytest.approx(df)
+
+
+def test_dual_clip_bounds_negative_advantage_with_huge_ratio():
+    # r = e^3 ~ 20, A = -1: clip objective is r*A ~ -20; dual clip caps it at c*A = -3
+    info = algo.dual_clip_loss(torch.tensor([3.0]), torch.tensor([0.0]), torch.tensor([-1.0]), 0.2, 3.0)
+    assert float(info.loss) == pytest.approx(3.0)
+    plain = algo.ppo_clip_loss(torch.tensor([3.0]), torch.tensor([0.0]), torch.tensor([-1.0]), 0.2)
+    assert float(plain.loss) == pytest.approx(math.exp(3.0))
+
+
+def test_gaussian_logp_matches_torch_distributions_and_formula():
+    x = torch.tensor(rng.normal(size=(50, 3)), dtype=torch.float64)
+    mean = torch.tensor(rng.normal(size=(50, 3)), dtype=torch.float64)
+    log_std = torch.tensor(rng.uniform(-2, 1, size=(50, 3)), dtype=torch.float64)
+    got = algo.gaussian_logp(x, mean, log_std)
+    ref = torch.distributions.Normal(mean, log_std.exp()).log_prob(x).sum(-1)
+    np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-12)
+    s = np.exp(log_std.numpy())
+    by_hand = (-((x.numpy() - mean.numpy()) ** 2) / (2 * s**2) - np.log(s * math.sqrt(2 * math.pi))).sum(-1)
+    np.testing.assert_allclose(got.numpy(), by_hand, rtol=1e-12)
+    ent = algo.gaussian_entropy(log_std)
+    np.testing.assert_allclose(ent.numpy(), torch.distributions.Normal(mean, log_std.exp()).entropy().sum(-1).numpy())
+
+
+def test_k3_estimator_is_unbiased_for_kl():
+    p_old = np.array([0.5, 0.3, 0.2])
+    p_new = np.array([0.2, 0.5, 0.3])
+    kl = float((p_old * np.log(p_old / p_new)).sum())
+    # exact expectation under old: weight each action by its probability
+    log_r = np.log(p_new / p_old)
+    exact_k3 = float((p_old * (np.exp(log_r) - 1 - log_r)).sum())
+    assert exact_k3 == pytest.approx(kl, rel=1e-12)
+    # and the estimator over samples converges to it
+    g = np.random.default_rng(0)
+    a = g.choice(3, size=200_000, p=p_old)
+    est = float(algo.approx_kl_k3(torch.tensor(np.log(p_new[a])), torch.tensor(np.log(p_old[a]))))
+    assert est == pytest.approx(kl, rel=0.02)
+    # and is zero for identical policies
+    assert float(algo.approx_kl_k3(torch.zeros(5), torch.zeros(5))) == 0.0

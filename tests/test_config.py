@@ -1,0 +1,99 @@
+"""Every preset composes; every bad override is refused at the edge, naming the key."""
+import itertools
+import os
+import subprocess
+import tempfile
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf.errors import ConfigKeyError, ValidationError
+from hydra.errors import ConfigCompositionException
+
+from laglab.config import Config, ConfigError, Estimator, LossKind, register_configs, validate
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONF = os.path.join(ROOT, "conf")
+ALGOS = ["ppo", "dual_clip", "vtrace", "vtrace_dual_clip"]
+ENVS = ["cartpole", "pendulum", "halfcheetah", "hopper", "walker2d"]
+RUNNERS = ["thread", "sync"]
+
+register_configs()
+
+
+def _compose(*overrides):
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("algo,env,runner", list(itertools.product(ALGOS, ENVS, RUNNERS)))
+def test_every_preset_composes_and_validates(algo, env, runner):
+    c = validate(_compose(f"algo={algo}", f"env={env}", f"runner={runner}"))
+    assert isinstance(c, Config)
+    assert c.algo.name == algo
+    assert c.runner.name.value == runner
+    assert c.algo.advantage.estimator == (Estimator.vtrace if "vtrace" in algo else Estimator.gae)
+    assert c.algo.loss.kind == (LossKind.dual_clip if "dual_clip" in algo else LossKind.clip)
+
+
+def test_defaults_are_the_documented_run():
+    c = validate(_compose())
+    assert (c.actors, c.seed, c.total_env_steps, c.env.id) == (4, 0, 200_000, "CartPole-v1")
+    assert c.algo.name == "ppo" and c.runner.name.value == "thread"
+
+
+def test_env_preset_sets_its_own_budget_but_command_line_wins():
+    assert validate(_compose("env=hopper")).total_env_steps == 1_000_000
+    assert validate(_compose("env=hopper", "total_env_steps=5000")).total_env_steps == 5000
+    assert validate(_compose("env.id=Acrobot-v1")).env.id == "Acrobot-v1"
+
+
+@pytest.mark.parametrize("override,exc", [
+    ("learner.nope=1", ConfigCompositionException),
+    ("actors=four", ConfigCompositionException),
+    ("algo=nope", ConfigCompositionException),
+    ("transport.policy=sometimes", ConfigCompositionException),
+])
+def test_schema_errors_at_compose(override, exc):
+    with pytest.raises(exc):
+        _compose(override)
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["actors=0"], "actors"),
+    (["algo=dual_clip", "algo.loss.dual_clip_c=1.0"], "algo.loss.dual_clip_c"),
+    (["algo=vtrace", "algo.advantage.rho_bar=0.5", "algo.advantage.c_bar=1.0"], "algo.advantage.rho_bar"),
+    (["learner.batch_size=1000", "learner.minibatches=3"], "learner.batch_size"),
+    (["learner.batch_size=1000"], "learner.batch_size"),  # not whole fragments of 32
+    (["total_env_steps=512"], "total_env_steps"),
+    (["actor.max_lead_steps=100"], "actor.max_lead_steps"),
+    (["actor.max_lead_steps=256", "actors=2"], "actor.max_lead_steps"),
+    (["runner=sync", "actors=3"], "learner.batch_size"),
+    (["learner.epochs=0"], "learner.epochs"),
+    (["algo.loss.clip_eps=1.5"], "algo.loss.clip_eps"),
+    (["policy.activation=sigmoid"], "policy.activation"),
+])
+def test_cross_field_rules_name_the_key(overrides, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate(_compose(*overrides))
+
+
+def _train(*args):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args, "hydra.run.dir=" + tempfile.mkdtemp(prefix="laglab-bad-")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["learner.nope=1"], "nope"),
+    (["actors=four"], "actors"),
+    (["algo=nope"], "algo"),
+    (["actors=0"], "actors=0"),
+    (["algo=dual_clip", "algo.loss.dual_clip_c=0.5"], "algo.loss.dual_clip_c"),
+    (["env.id=NoSuchEnv-v9"], "env.id"),
+])
+def test_train_py_refuses_bad_overrides_before_starting(args, needle):
+    p = _train(*args)
+    assert p.returncode != 0
+    err = p.stderr + p.stdout
+    assert needle in err
+    assert "laglab: ppo on" not in err  # nothing started

@@ -1,0 +1,84 @@
+import numpy as np
+import pytest
+import torch
+
+from laglab.algo import LOG_STD_MAX, LOG_STD_MIN
+from laglab.envs import EnvSpec
+from laglab.policy import ActorCritic, InferencePolicy, Snapshot
+
+DISCRETE = EnvSpec((4,), True, 3)
+CONTINUOUS = EnvSpec((5,), False, 2, np.full(2, -1.0, np.float32), np.full(2, 1.0, np.float32))
+
+
+def _obs(spec, n=64, seed=0):
+    return np.random.default_rng(seed).normal(size=(n,) + spec.obs_shape).astype(np.float32) * 2
+
+
+@pytest.mark.parametrize("spec", [DISCRETE, CONTINUOUS])
+@pytest.mark.parametrize("activation", ["tanh", "relu", "elu"])
+def test_inference_policy_agrees_with_torch_model(spec, activation):
+    torch.manual_seed(0)
+    model = ActorCritic(spec, (32, 16), activation, log_std_init=-0.5)
+    snap = Snapshot.make(3, model, np.zeros(spec.obs_shape), np.ones(spec.obs_shape))
+    pol = InferencePolicy(snap, spec, activation)
+    obs = _obs(spec)
+    a, logp, v, mean, log_std = pol.act(obs, np.random.default_rng(1))
+    with torch.no_grad():
+        t_logp, _ = model.logp_entropy(torch.from_numpy(obs), torch.from_numpy(a))
+        t_v = model.value(torch.from_numpy(obs))
+    np.testing.assert_allclose(logp, t_logp.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(v, t_v.numpy(), rtol=1e-4, atol=1e-5)
+    if spec.discrete:
+        assert a.dtype == np.int64 and set(np.unique(a)) <= {0, 1, 2}
+    else:
+        assert a.shape == (64, 2) and mean.shape == (64, 2)
+
+
+def test_discrete_sampling_follows_the_policy_distribution():
+    torch.manual_seed(0)
+    model = ActorCritic(DISCRETE, (8,), "tanh")
+    with torch.no_grad():
+        model.pi[-1].bias.copy_(torch.tensor([0.0, 1.0, 2.0]))
+    pol = InferencePolicy(Snapshot.make(0, model, np.zeros(4), np.ones(4)), DISCRETE)
+    obs = np.zeros((20000, 4), np.float32)
+    a, logp, *_ = pol.act(obs, np.random.default_rng(0))
+    p = np.exp([0.0, 1.0, 2.0]) / np.exp([0.0, 1.0, 2.0]).sum()
+    freq = np.bincount(a, minlength=3) / len(a)
+    np.testing.assert_allclose(freq, p, atol=0.015)
+    np.testing.assert_allclose(np.exp(logp), p[a], rtol=1e-5)
+
+
+def test_log_std_is_clamped_everywhere():
+    model = ActorCritic(CONTINUOUS, (8,), "tanh")
+    with torch.no_grad():
+        model.log_std.copy_(torch.tensor([-50.0, 10.0]))
+    assert model.clamped_log_std().tolist() == [LOG_STD_MIN, LOG_STD_MAX]
+    pol = InferencePolicy(Snapshot.make(0, model, np.zeros(5), np.ones(5)), CONTINUOUS)
+    *_, log_std = pol.act(_obs(CONTINUOUS, 4), np.random.default_rng(0))
+    np.testing.assert_array_equal(log_std[0], [LOG_STD_MIN, LOG_STD_MAX])
+
+
+def test_snapshot_is_immutable_and_independent_of_the_model():
+    model = ActorCritic(DISCRETE, (8,), "tanh")
+    snap = Snapshot.make(1, model, np.zeros(4), np.ones(4), {0: 10})
+    before = {k: v.copy() for k, v in snap.weights.items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)  # the learner keeps training after publication
+    for k, v in snap.weights.items():
+        np.testing.assert_array_equal(v, before[k])
+    with pytest.raises(ValueError):
+        next(iter(snap.weights.values()))[...] = 0.0  # read-only arrays
+    with pytest.raises(TypeError):
+        snap.weights["pi.0.weight"] = None  # read-only mapping
+    with pytest.raises(ValueError):
+        snap.obs_mean[0] = 1.0
+    with pytest.raises(Exception):
+        snap.version = 2  # frozen dataclass
+
+
+def test_snapshot_round_trips_into_a_model():
+    a, b = ActorCritic(CONTINUOUS, (8,), "tanh"), ActorCritic(CONTINUOUS, (8,), "tanh")
+    Snapshot.make(0, a, np.zeros(5), np.ones(5)).load_into(b)
+    for (ka, va), (kb, vb) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert ka == kb and torch.equal(va, vb)

@@ -1,0 +1,101 @@
+"""Bounded queue and policy store, driven step by step (no sleeps)."""
+import threading
+
+import numpy as np
+import pytest
+
+from laglab.config import Overflow
+from laglab.fragment import Fragment, FragmentId
+from laglab.policy import ActorCritic, Snapshot
+from laglab.envs import EnvSpec
+from laglab.transport import Closed, FragmentQueue, PolicyStore
+
+
+def frag(i, T=4, obs_dim=3):
+    fid = FragmentId(actor_id=0, incarnation=1, env_index=0, episode_id=0, episode_t0=i * T,
+                     t_start=i * T, t_end=i * T + T - 1, behavior_version=0)
+    z = np.zeros(T, np.float32)
+    return Fragment(fid, np.full((T, obs_dim), i, np.float32), np.zeros(T, np.int64), z, np.zeros(T, bool),
+                    np.zeros(T, bool), z, z, z, np.zeros(obs_dim, np.float32))
+
+
+def test_reject_refuses_new_fragment_when_full_and_counts_it():
+    q = FragmentQueue(capacity=2, max_bytes=10**9, policy=Overflow.reject)
+    assert q.put(frag(0)) and q.put(frag(1))
+    assert not q.put(frag(2))
+    assert q.depth == 2 and q.stats.rejected_steps == {"overflow": 4}
+    assert [q.get(0)[0].id.t_start for _ in range(2)] == [0, 4]  # FIFO, the new one was refused
+
+
+def test_drop_oldest_evicts_from_the_head():
+    q = FragmentQueue(capacity=2, max_bytes=10**9, policy=Overflow.drop_oldest)
+    for i in range(5):
+        assert q.put(frag(i))
+    assert q.depth == 2 and q.stats.dropped_steps == {"overflow": 12}
+    assert [q.get(0)[0].id.t_start for _ in range(2)] == [12, 16]
+
+
+def test_byte_bound_is_enforced_like_the_item_bound():
+    one = frag(0).nbytes
+    q = FragmentQueue(capacity=100, max_bytes=2 * one + 1, policy=Overflow.drop_oldest)
+    for i in range(6):
+        q.put(frag(i))
+        assert q.bytes <= 2 * one + 1
+    assert q.depth == 2 and q.stats.max_bytes <= 2 * one + 1
+    assert not FragmentQueue(10, one - 1).put(frag(0))  # a fragment larger than the whole budget
+
+
+def test_block_waits_for_room_then_proceeds():
+    q = FragmentQueue(capacity=1, max_bytes=10**9, policy=Overflow.block)
+    q.put(frag(0))
+    entered, done = threading.Event(), threading.Event()
+
+    def producer():
+        entered.set()
+        q.put(frag(1), poll_s=0.01)
+        done.set()
+
+    t = threading.Thread(target=producer)
+    t.start()
+    entered.wait()
+    assert not done.wait(0.05)  # still blocked: the queue is full
+    assert q.depth == 1
+    assert q.get(1.0)[0].id.t_start == 0
+    assert done.wait(5.0)
+    t.join()
+    assert q.get(1.0)[0].id.t_start == 4
+    assert q.stats.blocked_s > 0
+
+
+def test_close_wakes_blocked_producer_and_counts_leftovers_as_dropped():
+    q = FragmentQueue(capacity=1, max_bytes=10**9, policy=Overflow.block)
+    q.put(frag(0))
+    raised = []
+
+    def producer():
+        try:
+            q.put(frag(1), poll_s=0.01)
+        except Closed:
+            raised.append(True)
+
+    t = threading.Thread(target=producer)
+    t.start()
+    assert q.close() == 4
+    t.join(5.0)
+    assert raised == [True]
+    assert q.stats.dropped_steps == {"shutdown": 4}
+    assert q.get(0) is None
+
+
+def test_policy_store_publishes_newer_versions_only_and_wakes_waiters():
+    spec = EnvSpec((3,), True, 2)
+    model = ActorCritic(spec, (4,))
+    store = PolicyStore(Snapshot.make(0, model, np.zeros(3), np.ones(3)))
+    got = []
+    t = threading.Thread(target=lambda: got.append(store.wait_newer(0, timeout=5.0).version))
+    t.start()
+    store.publish(Snapshot.make(1, model, np.zeros(3), np.ones(3)))
+    t.join(5.0)
+    assert got == [1] and store.latest().version == 1
+    with pytest.raises(ValueError):
+        store.publish(Snapshot.make(1, model, np.zeros(3), np.ones(3)))
