@@ -86,3 +86,24 @@ def test_max_lead_steps_bounds_the_lag(tmp_path):
     assert sum(a["throttle_s"] for a in s["actors_stats"].values()) > 0
     free = run(cfg_of(), tmp_path / "free")
     assert pd.read_parquet(tmp_path / "free" / "metrics.parquet")["lag/max"].max() >= df["lag/max"].max()
+
+
+@pytest.mark.parametrize("env,runner", [("pendulum", "thread"), ("pendulum", "sync"), ("hopper", "thread")])
+def test_continuous_presets_run_end_to_end(tmp_path, env, runner):
+    if env == "hopper":
+        pytest.importorskip("mujoco")
+    from hydra import compose, initialize_config_dir
+
+    from laglab.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=os.path.join(ROOT, "conf"), version_base="1.3"):
+        c = validate(compose(config_name="config", overrides=[
+            f"env={env}", f"runner={runner}", "algo=vtrace_dual_clip", "actors=2", "total_env_steps=4096",
+            "learner.batch_size=1024", "learner.minibatches=4", "learner.epochs=2", "tracking.console_every_s=1e9"]))
+    s = run(c, tmp_path)
+    assert s["updates"] == 4 and s["transport"]["balanced"]
+    df = pd.read_parquet(tmp_path / "metrics.parquet")
+    assert df[["losses/policy_loss", "losses/value_loss", "losses/entropy"]].notna().all().all()
+    snap_mean = torch.load(tmp_path / "checkpoints" / "final.pt", weights_only=True)["obs_mean"]
+    assert snap_mean.abs().sum() > 0  # the observation normalizer learned statistics

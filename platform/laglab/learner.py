@@ -6,7 +6,7 @@ import collections
 import os
 import time
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -22,6 +22,18 @@ from .policy import ActorCritic, Snapshot
 def build_model(cfg: Config, spec: EnvSpec) -> ActorCritic:
     p = cfg.policy
     return ActorCritic(spec, p.hidden_sizes, p.activation, p.log_std_init)
+
+
+class Batch(NamedTuple):
+    T: int
+    N: int
+    obs: torch.Tensor  # [T*N, *obs], normalized
+    actions: torch.Tensor  # [T*N, *action]
+    last_obs: torch.Tensor  # [N, *obs], normalized
+    behavior_logp: torch.Tensor  # [T, N]
+    rewards: torch.Tensor  # [T, N], truncation bootstraps folded in
+    discounts: torch.Tensor  # [T, N]
+    lags: np.ndarray  # [N] version lag per fragment
 
 
 class Learner:
@@ -52,49 +64,63 @@ class Learner:
             obs = normalize(obs, self.obs_rms.mean, self.obs_rms.var, self.cfg.env.obs_clip)
         return torch.from_numpy(np.ascontiguousarray(obs, dtype=np.float32))
 
+    def _batch(self, frags: Sequence[Fragment]) -> "Batch":
+        """Stack equal-length fragments time-major ([T, N]); fold truncation bootstraps into rewards."""
+        T, N = frags[0].length, len(frags)
+        shape = self.spec.obs_shape
+        obs = self._norm(np.stack([f.obs for f in frags], axis=1)).reshape((T * N,) + shape)
+        actions = torch.from_numpy(np.stack([f.actions for f in frags], axis=1))
+        stack = lambda name: torch.from_numpy(np.stack([getattr(f, name) for f in frags], axis=1))  # noqa: E731
+        term, trunc = stack("terminated"), stack("truncated")
+        gamma = self.cfg.algo.advantage.gamma
+        return Batch(
+            T=T, N=N, obs=obs,
+            actions=actions.reshape((T * N,) + self.spec.action_shape),
+            last_obs=self._norm(np.stack([f.last_obs for f in frags])),
+            behavior_logp=stack("logp"),
+            # a truncated step is bootstrapped with V(final obs), then cut like a termination
+            rewards=stack("rewards") + gamma * stack("trunc_values") * trunc.float(),
+            discounts=gamma * (1.0 - (term | trunc).float()),
+            lags=self.version - np.array([f.id.behavior_version for f in frags]),
+        )
+
+    @torch.no_grad()
+    def _targets(self, b: "Batch"):
+        """(advantages, value targets, values, current log-probs), all [T, N], under the current policy."""
+        adv_cfg = self.cfg.algo.advantage
+        values = self.model.value(b.obs).view(b.T, b.N)
+        bootstrap = self.model.value(b.last_obs)
+        cur_logp = self.model.logp_entropy(b.obs, b.actions)[0].view(b.T, b.N)
+        if adv_cfg.estimator == Estimator.gae:
+            adv = algo.gae(b.rewards, values, bootstrap, b.discounts, adv_cfg.lam)
+            returns = adv + values
+        else:
+            returns, adv = algo.vtrace(b.behavior_logp, cur_logp, b.rewards, values, bootstrap, b.discounts,
+                                       adv_cfg.rho_bar, adv_cfg.c_bar, adv_cfg.lam)
+        return adv, returns, values, cur_logp
+
+    def advantages(self, frags: Sequence[Fragment]):
+        """(advantages, value targets) for a batch, as the next update would compute them."""
+        adv, returns, _, _ = self._targets(self._batch(frags))
+        return adv, returns
+
     def update(self, frags: Sequence[Fragment], env_steps: int) -> Dict[str, float]:
         """One learner update on a batch of equal-length fragments; bumps the version."""
         cfg, lc, ac = self.cfg, self.cfg.learner, self.cfg.algo
         t_start = time.perf_counter()
-        T, N = frags[0].length, len(frags)
-        obs_raw = np.stack([f.obs for f in frags], axis=1)  # [T, N, *obs]
-        last_raw = np.stack([f.last_obs for f in frags])  # [N, *obs]
         if cfg.env.normalize_obs:
-            self.obs_rms.update(obs_raw.reshape((T * N,) + self.spec.obs_shape))
-        obs = self._norm(obs_raw).reshape((T * N,) + self.spec.obs_shape)
-        last_obs = self._norm(last_raw)
-        actions = torch.from_numpy(np.stack([f.actions for f in frags], axis=1))
-        actions = actions.reshape((T * N,) + self.spec.action_shape)
-        stack = lambda name: torch.from_numpy(np.stack([getattr(f, name) for f in frags], axis=1))  # noqa: E731
-        rewards, term, trunc = stack("rewards"), stack("terminated"), stack("truncated")
-        b_logp, trunc_v = stack("logp"), stack("trunc_values")
-        versions = np.array([f.id.behavior_version for f in frags])
-        lags = self.version - versions
-
-        gamma = ac.advantage.gamma
-        done = (term | trunc).float()
-        rewards_eff = rewards + gamma * trunc_v * trunc.float()  # bootstrap truncation with V(final obs)
-        discounts = gamma * (1.0 - done)
-        with torch.no_grad():
-            values = self.model.value(obs).view(T, N)
-            bootstrap = self.model.value(last_obs)
-            cur_logp, _ = self.model.logp_entropy(obs, actions)
-            cur_logp = cur_logp.view(T, N)
-            lag_kl = float(algo.approx_kl_k3(cur_logp, b_logp))
-            if ac.advantage.estimator == Estimator.gae:
-                adv = algo.gae(rewards_eff, values, bootstrap, discounts, ac.advantage.lam)
-                returns = adv + values
-            else:
-                vt = algo.vtrace(b_logp, cur_logp, rewards_eff, values, bootstrap, discounts,
-                                 ac.advantage.rho_bar, ac.advantage.c_bar, ac.advantage.lam)
-                adv, returns = vt.advantages, vt.vs
+            self.obs_rms.update(np.concatenate([f.obs for f in frags]))
+        b = self._batch(frags)
+        adv, returns, values, cur_logp = self._targets(b)
+        lag_kl = float(algo.approx_kl_k3(cur_logp, b.behavior_logp))
+        obs, actions, lags = b.obs, b.actions, b.lags
 
         if lc.anneal_lr:
             frac = max(0.0, 1.0 - env_steps / cfg.total_env_steps)
             for g in self.opt.param_groups:
-                g["lr"] = lc.lr * max(frac, 0.0)
-        b_adv, b_ret, b_old = adv.reshape(-1), returns.reshape(-1), b_logp.reshape(-1)
-        B = T * N
+                g["lr"] = lc.lr * frac
+        b_adv, b_ret, b_old = adv.reshape(-1), returns.reshape(-1), b.behavior_logp.reshape(-1)
+        B = b.T * b.N
         mb = B // lc.minibatches
         loss_cfg = ac.loss
         sums: Dict[str, float] = collections.defaultdict(float)
@@ -196,8 +222,3 @@ def batch_fragments(cfg: Config) -> int:
 
 def lag_ok(cfg: Config, lag: int) -> bool:
     return cfg.learner.max_policy_lag is None or lag <= cfg.learner.max_policy_lag
-
-
-def summarize_lags(lags: List[int]) -> Dict[str, float]:
-    a = np.asarray(lags)
-    return {"min": float(a.min()), "mean": float(a.mean()), "max": float(a.max())}
