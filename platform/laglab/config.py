@@ -121,18 +121,22 @@ class TransportConfig:
 
 @dataclass
 class WandbConfig:
-    mode: str = "disabled"
+    mode: str = "auto"  # online | offline | disabled | auto (online if credentials are configured)
     project: str = "laglab"
     entity: Optional[str] = None
     group: Optional[str] = None
     name: Optional[str] = None
     tags: List[str] = field(default_factory=list)
+    init_timeout_s: float = 60.0  # an online init that cannot reach the server fails after this (auto: goes offline)
 
 
 @dataclass
 class TrackingConfig:
-    console_every_s: float = 5.0
-    flush_every: int = 50  # rewrite metrics.parquet every N updates, so a crashed run keeps its rows
+    console_every_s: float = 5.0  # a plain progress line in the log (and Hydra's log file)
+    progress: bool = True  # a live progress bar when stdout is a terminal
+    log_interval_s: float = 1.0  # W&B scalar rows at most this often (metrics.parquet gets every update)
+    hist_every: int = 10  # histograms (version lag, data age) every N updates, to W&B and histograms.parquet
+    flush_every: int = 50  # rewrite the parquet files every N updates, so a crashed run keeps its rows
     return_window: int = 20
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
@@ -276,6 +280,8 @@ def validate(cfg: Any) -> Config:
     _require(c.transport.capacity >= 1, "transport.capacity", "an integer >= 1", c.transport.capacity)
     _require(c.transport.max_bytes >= 1, "transport.max_bytes", "an integer >= 1", c.transport.max_bytes)
     _require(c.runner.torch_threads >= 1, "runner.torch_threads", "an integer >= 1", c.runner.torch_threads)
+    _require(c.tracking.hist_every >= 0, "tracking.hist_every", "an integer >= 0 (0 = never)", c.tracking.hist_every)
+    _require(c.tracking.return_window >= 1, "tracking.return_window", "an integer >= 1", c.tracking.return_window)
     _require(
         c.tracking.wandb.mode in ("disabled", "offline", "online", "auto"),
         "tracking.wandb.mode",

@@ -6,10 +6,11 @@ import logging
 import random
 import time
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 
 from .config import Config
 from .envs import EnvSpec, make_env
@@ -28,7 +29,10 @@ def env_spec(cfg: Config) -> EnvSpec:
         env.close()
 
 
-def run(cfg: Config, run_dir: Path) -> Dict[str, Any]:
+def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = None,
+        group: Optional[str] = None) -> Dict[str, Any]:
+    """Train once; ``resolved_config`` is what W&B records as the run's config (default: ``cfg``),
+    ``group`` the W&B group when the config names none (train.py passes the sweep dir in a multirun)."""
     run_dir = Path(run_dir)
     torch.set_num_threads(cfg.runner.torch_threads)
     random.seed(cfg.seed)
@@ -36,8 +40,9 @@ def run(cfg: Config, run_dir: Path) -> Dict[str, Any]:
     torch.manual_seed(cfg.seed)
     spec = env_spec(cfg)
     learner = Learner(cfg, spec)
-    tracker = Tracker(run_dir, cfg.tracking.return_window, cfg.tracking.flush_every,
-                      cfg.tracking.console_every_s, cfg.total_env_steps)
+    if resolved_config is None:
+        resolved_config = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+    tracker = Tracker(run_dir, cfg.tracking, cfg.total_env_steps, resolved_config, cfg.algo.name, group)
     base = {"algo": cfg.algo.name, "actors": cfg.actors, "seed": cfg.seed, "runner": cfg.runner.name.value,
             "env_id": cfg.env.id, "total_env_steps": cfg.total_env_steps}
     log.info("laglab: %s on %s, %d actor(s), runner=%s, seed=%d -> %s", cfg.algo.name, cfg.env.id, cfg.actors,

@@ -1,20 +1,37 @@
-"""The run dir as a metrics store: ``metrics.parquet`` (one row per learner update), ``episodes.parquet``
-(one row per finished episode), ``summary.json``; plus a periodic console line."""
+"""Tracking: the run dir as a metrics store, Weights & Biases, and a console progress line.
+
+Local files (pandas sees exactly what W&B shows):
+- ``metrics.parquet``: one row per learner update, every scalar (``charts/``, ``losses/``, ``lag/``,
+  ``transport/``, ``learner/``);
+- ``histograms.parquet``: long format, one row per (update, metric) every ``hist_every`` updates, with the
+  raw values;
+- ``actors.parquet``: one row per (update, actor);
+- ``episodes.parquet``: one row per finished episode;
+- ``summary.json``: written at the end, also when the run fails or is interrupted (``status`` says which).
+
+W&B gets the same scalar rows (at most one per ``log_interval_s``; each carries ``update`` so it can be
+matched to its parquet row), the histograms, per-actor keys ``actor/<i>/...``, and the episodes as a table
+at the end. ``env_steps`` is the x-axis of every metric.
+"""
 from __future__ import annotations
 
 import collections
 import json
 import logging
 import math
+import netrc
 import os
+import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Deque, Dict, Iterable, List, Optional
+from typing import Any, Deque, Dict, Iterable, List, Mapping, Optional
 
+import numpy as np
 import pandas as pd
 
-from .actor import Episode
+from .actor import ActorStats, Episode
+from .config import TrackingConfig
 
 log = logging.getLogger("laglab")
 
@@ -39,22 +56,117 @@ def _write_parquet(rows: List[Dict[str, Any]], path: Path) -> None:
     os.replace(tmp, path)
 
 
+# ---- W&B -------------------------------------------------------------------------------------------------
+def has_wandb_credentials() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        rc = netrc.netrc(os.environ.get("NETRC") or os.path.expanduser("~/.netrc"))
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+    host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].rstrip("/")
+    return rc.authenticators(host) is not None
+
+
+def resolve_wandb_mode(mode: str) -> str:
+    """``auto``: online when W&B credentials are configured, otherwise offline."""
+    if mode != "auto":
+        return mode
+    return "online" if has_wandb_credentials() else "offline"
+
+
+class WandbSink:
+    def __init__(self, cfg: TrackingConfig, run_dir: Path, config: Dict[str, Any], job_type: str,
+                 group: Optional[str]):
+        import wandb
+
+        self.wandb = wandb
+        self.mode = resolve_wandb_mode(cfg.wandb.mode)
+        w = cfg.wandb
+        kwargs = dict(project=w.project, entity=w.entity, group=w.group or group, name=w.name,
+                      tags=list(w.tags) or None, job_type=job_type, config=config, dir=str(run_dir),
+                      reinit="finish_previous",
+                      settings=wandb.Settings(init_timeout=w.init_timeout_s, silent=True))
+        try:
+            self.run = wandb.init(mode=self.mode, **kwargs)
+        except Exception as e:  # noqa: BLE001 - no network / bad credentials must not cost the run
+            if cfg.wandb.mode != "auto" or self.mode == "offline":
+                raise
+            log.warning("W&B online init failed (%s); logging offline instead", e)
+            self.mode = "offline"
+            self.run = wandb.init(mode="offline", **kwargs)
+        self.run.define_metric("env_steps")
+        self.run.define_metric("*", step_metric="env_steps")
+
+    def log(self, row: Mapping[str, Any], hists: Mapping[str, np.ndarray]) -> None:
+        data = dict(row)
+        for k, v in hists.items():
+            if len(v):
+                data[k] = self.wandb.Histogram(np.asarray(v))
+        self.run.log(data)
+
+    def finish(self, summary: Dict[str, Any], episodes: List[Dict[str, Any]], exit_code: int) -> None:
+        if episodes:
+            df = pd.DataFrame(episodes)
+            self.run.log({"env_steps": int(df["env_steps"].iloc[-1]),
+                          "charts/episodes_table": self.wandb.Table(dataframe=df)})
+        for k, v in summary.items():
+            if isinstance(v, (int, float, str, bool)):
+                self.run.summary[k] = v
+        self.run.finish(exit_code=exit_code)
+
+
+# ---- console ---------------------------------------------------------------------------------------------
+class Progress:
+    """A live progress line (rich) when stdout is a terminal; otherwise nothing."""
+
+    def __init__(self, total: int):
+        from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
+
+        self.p = RichProgress(TextColumn("[bold]laglab"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"),
+                              TextColumn("{task.fields[info]}"), TimeRemainingColumn(), refresh_per_second=2,
+                              transient=False)
+        self.task = self.p.add_task("train", total=total, info="")
+        self.p.start()
+
+    def update(self, env_steps: int, info: str) -> None:
+        self.p.update(self.task, completed=env_steps, info=info)
+
+    def close(self) -> None:
+        self.p.stop()
+
+
+# ---- the tracker -----------------------------------------------------------------------------------------
+ACTOR_FIELDS = ("steps", "episodes", "version", "env_s", "infer_s", "throttle_s", "blocked_s", "rollouts")
+
+
 class Tracker:
-    def __init__(self, run_dir: Path, window: int = 20, flush_every: int = 50, console_every_s: float = 5.0,
-                 total_env_steps: Optional[int] = None):
+    def __init__(self, run_dir: Path, cfg: Optional[TrackingConfig] = None, total_env_steps: Optional[int] = None,
+                 wandb_config: Optional[Dict[str, Any]] = None, job_type: str = "ppo", group: Optional[str] = None):
+        self.cfg = cfg or TrackingConfig()
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.window = window
-        self.flush_every = flush_every
-        self.console_every_s = console_every_s
+        self.window = self.cfg.return_window
         self.total = total_env_steps
         self.t0 = time.perf_counter()
         self._lock = threading.Lock()
-        self._recent: Deque[float] = collections.deque(maxlen=window)
+        self._recent: Deque[float] = collections.deque(maxlen=self.window)
+        self._since_log: List[Episode] = []
         self.episodes: List[Dict[str, Any]] = []
         self.rows: List[Dict[str, Any]] = []
+        self.hist_rows: List[Dict[str, Any]] = []
+        self.actor_rows: List[Dict[str, Any]] = []
         self.best_return_mean = -math.inf
-        self._last_console = self.t0
+        self._last_console = self._last_wandb = -math.inf
+        self._prev_actor: Dict[int, tuple] = {}
+        self.log_s = 0.0  # wall seconds spent in tracking (W&B + parquet + console)
+        self.wandb: Optional[WandbSink] = None
+        if self.cfg.wandb.mode != "disabled":
+            self.wandb = WandbSink(self.cfg, self.run_dir, wandb_config or {}, job_type, group)
+        self.progress: Optional[Progress] = None
+        if self.cfg.progress and sys.stdout.isatty() and total_env_steps:
+            self.progress = Progress(total_env_steps)
+        self.t0 = time.perf_counter()  # the run's clock starts after the sinks are up
 
     def wall(self) -> float:
         return time.perf_counter() - self.t0
@@ -64,6 +176,7 @@ class Tracker:
         with self._lock:
             for ep in episodes:
                 self._recent.append(ep.ret)
+                self._since_log.append(ep)
                 self.episodes.append({"wall_time": w, "env_steps": env_steps, "actor": ep.actor_id,
                                       "env_index": ep.env_index, "return": ep.ret, "length": ep.length})
 
@@ -75,37 +188,91 @@ class Tracker:
         with self._lock:
             return len(self.episodes)
 
-    def log_update(self, metrics: Dict[str, float], env_steps: int) -> Dict[str, Any]:
+    def _actor_rows(self, update: int, env_steps: int, wall: float, version: int,
+                    actors: Mapping[int, ActorStats]) -> List[Dict[str, Any]]:
+        rows = []
+        for i, s in sorted(actors.items()):
+            prev_steps, prev_wall = self._prev_actor.get(i, (0, 0.0))
+            self._prev_actor[i] = (s.steps, wall)
+            row = {"update": update, "env_steps": env_steps, "wall_time": wall, "actor": i}
+            row.update({k: getattr(s, k) for k in ACTOR_FIELDS})
+            row["sps"] = (s.steps - prev_steps) / max(wall - prev_wall, 1e-9)
+            row["lag"] = version - s.version if s.version >= 0 else float("nan")
+            rows.append(row)
+        return rows
+
+    def log_update(self, metrics: Dict[str, float], env_steps: int,
+                   hists: Optional[Mapping[str, np.ndarray]] = None,
+                   actors: Optional[Mapping[int, ActorStats]] = None) -> Dict[str, Any]:
+        """Record one learner update (called from the learner's thread)."""
+        t_in = time.perf_counter()
+        wall = self.wall()
         ret = self.return_mean()
         with self._lock:
             full_window = len(self._recent) >= self.window
+            fresh, self._since_log = self._since_log, []
         if full_window and ret > self.best_return_mean:
             self.best_return_mean = ret
-        row = {"update": len(self.rows) + 1, "env_steps": env_steps, "wall_time": self.wall(),
-               "episodic_return_mean": ret, "episodes": self.n_episodes()}
+        update = len(self.rows) + 1
+        row: Dict[str, Any] = {"update": update, "env_steps": env_steps, "wall_time": wall,
+                               "episodic_return_mean": ret, "charts/episodic_return_mean": ret,
+                               "charts/episodes": self.n_episodes(), "charts/sps": env_steps / max(wall, 1e-9)}
         row.update(metrics)
-        row["charts/sps"] = env_steps / max(row["wall_time"], 1e-9)
         self.rows.append(row)
-        if self.flush_every and len(self.rows) % self.flush_every == 0:
+        version = int(metrics.get("learner/version", update))
+        a_rows = self._actor_rows(update, env_steps, wall, version, actors or {})
+        self.actor_rows.extend(a_rows)
+        hist_now = bool(hists) and self.cfg.hist_every > 0 and update % self.cfg.hist_every == 0
+        if hist_now:
+            for name, values in hists.items():
+                self.hist_rows.append({"update": update, "env_steps": env_steps, "metric": name,
+                                       "values": np.asarray(values, dtype=np.float64).tolist()})
+        if self.cfg.flush_every and update % self.cfg.flush_every == 0:
             self.flush()
         now = time.perf_counter()
-        if now - self._last_console >= self.console_every_s:
+        if self.wandb and (hist_now or now - self._last_wandb >= self.cfg.log_interval_s):
+            self._last_wandb = now
+            data = dict(row)
+            if fresh:
+                data["charts/episodic_return"] = float(np.mean([e.ret for e in fresh]))
+                data["charts/episode_length"] = float(np.mean([e.length for e in fresh]))
+            for r in a_rows:
+                for k in ("sps", "episodes", "version", "lag", "env_s", "infer_s", "throttle_s", "blocked_s"):
+                    data[f"actor/{r['actor']}/{k}"] = r[k]
+            self.wandb.log(data, hists if hist_now else {})
+        elif self.wandb:
+            with self._lock:  # keep the episodes for the next logged row
+                self._since_log = fresh + self._since_log
+        if now - self._last_console >= self.cfg.console_every_s:
             self._last_console = now
             total = f"/{self.total}" if self.total else ""
             log.info("steps %d%s  sps %.0f  return %.1f  lag %.2f  queue %s  kl %.4f", env_steps, total,
                      row["charts/sps"], ret, row.get("lag/mean", float("nan")), row.get("transport/queue_depth", "-"),
                      row.get("losses/approx_kl", float("nan")))
+        if self.progress:
+            self.progress.update(env_steps, f"sps {row['charts/sps']:,.0f}  return {ret:.1f}  "
+                                            f"lag {row.get('lag/mean', float('nan')):.2f}  "
+                                            f"queue {row.get('transport/queue_depth', 0):.0f}")
+        self.log_s += time.perf_counter() - t_in
         return row
 
     def flush(self) -> None:
         if self.rows:
             _write_parquet(self.rows, self.run_dir / "metrics.parquet")
+        if self.hist_rows:
+            _write_parquet(self.hist_rows, self.run_dir / "histograms.parquet")
+        if self.actor_rows:
+            _write_parquet(self.actor_rows, self.run_dir / "actors.parquet")
         with self._lock:
             eps = list(self.episodes)
         if eps:
             _write_parquet(eps, self.run_dir / "episodes.parquet")
 
     def finish(self, summary: Dict[str, Any]) -> Dict[str, Any]:
+        """Write everything; safe to call on any path (completed, failed, interrupted)."""
+        if self.progress:
+            self.progress.close()
+            self.progress = None
         self.flush()
         if not self.rows:  # an empty but readable table, so no run leaves a dir without metrics
             pd.DataFrame({"update": [], "env_steps": [], "wall_time": []}).to_parquet(
@@ -115,5 +282,13 @@ class Tracker:
         summary.setdefault("final_return_mean", self.return_mean())
         summary["best_return_mean"] = best if math.isfinite(best) else summary["final_return_mean"]
         summary["episodes"] = self.n_episodes()
+        summary["tracking_s"] = self.log_s
+        if self.wandb:
+            summary["wandb"] = {"mode": self.wandb.mode, "dir": str(self.wandb.run.dir), "id": self.wandb.run.id}
         write_json_atomic(self.run_dir / "summary.json", summary)
+        if self.wandb:
+            with self._lock:
+                eps = list(self.episodes)
+            self.wandb.finish(summary, eps, 0 if summary.get("status") == "completed" else 1)
+            self.wandb = None
         return summary

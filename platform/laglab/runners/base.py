@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Mapping, Optional
+
+import numpy as np
 
 from ..actor import ActorStats
 from ..config import Config
@@ -57,21 +60,29 @@ class Accounting:
 
 
 class LearnerDriver:
+    """The learner side of every runner. ``gauges()`` supplies the runner's transport readings
+    (queue depth/bytes, counters by reason) and ``actors()`` its actors' stats, both read at each update."""
+
     def __init__(self, cfg: Config, learner: Learner, tracker: Tracker, budget: Budget,
                  publish: Callable[[Snapshot], None],
-                 gauges: Optional[Callable[[], Dict[str, float]]] = None):
+                 gauges: Optional[Callable[[], Dict[str, float]]] = None,
+                 actors: Optional[Callable[[], Mapping[int, ActorStats]]] = None):
         self.cfg = cfg
         self.learner = learner
         self.tracker = tracker
         self.budget = budget
         self.publish = publish
         self.gauges = gauges or (lambda: {})
+        self.actors = actors or (lambda: {})
         self.acct = Accounting()
         self.need = batch_fragments(cfg)
         self.pending: List[Fragment] = []
         self._ages: List[float] = []
         self._kept = 0
         self._lag_dropped = 0
+        self._t_last = time.perf_counter()
+        self.wait_s = 0.0
+        self.compute_s = 0.0
 
     def offer(self, frag: Fragment, age_s: float = 0.0) -> Optional[Dict[str, float]]:
         """Hand one fragment to the learner; returns the update's metrics row when it completed a batch."""
@@ -90,16 +101,31 @@ class LearnerDriver:
     def _update(self) -> Dict[str, float]:
         frags, ages = self.pending, self._ages
         self.pending, self._ages = [], []
+        t0 = time.perf_counter()
+        wait = t0 - self._t_last
+        lags = self.learner.version - np.array([f.id.behavior_version for f in frags])
         m = self.learner.update(frags, self.budget.used)
+        compute = time.perf_counter() - t0
+        self.wait_s += wait
+        self.compute_s += compute
         self.acct.trained += sum(f.length for f in frags)
         m["lag/kept_frac"] = self._kept / max(1, self._kept + self._lag_dropped)
         self._kept = self._lag_dropped = 0
-        m["transport/age_s_mean"] = sum(ages) / len(ages)
-        m["transport/age_s_max"] = max(ages)
+        m["transport/age_s_mean"] = float(np.mean(ages))
+        m["transport/age_s_max"] = float(np.max(ages))
+        m["transport/admitted"] = float(self.acct.trained)
+        m["learner/wait_s"] = wait
+        m["learner/compute_s"] = compute
+        m["learner/wait_frac"] = self.wait_s / max(self.wait_s + self.compute_s, 1e-9)
+        m["learner/updates_per_s"] = self.learner.updates / max(self.tracker.wall(), 1e-9)
         m.update(self.gauges())
         if self.learner.updates % self.cfg.learner.broadcast_every == 0:
             self.publish(self.learner.snapshot())
-        return self.tracker.log_update(m, self.budget.used)
+        # per-transition version lag (fragments have equal length, so per-fragment values weigh the same)
+        hists = {"lag/version_lag": lags, "transport/age_s": np.asarray(ages)}
+        row = self.tracker.log_update(m, self.budget.used, hists, self.actors())
+        self._t_last = time.perf_counter()
+        return row
 
     def drop_pending(self, reason: str = "shutdown") -> None:
         n = sum(f.length for f in self.pending)
@@ -108,13 +134,8 @@ class LearnerDriver:
         self.pending, self._ages = [], []
 
 
-def actor_gauges(stats: Dict[int, ActorStats]) -> Dict[str, float]:
-    out: Dict[str, float] = {}
-    for i, s in sorted(stats.items()):
-        out[f"actor/{i}/steps"] = float(s.steps)
-        out[f"actor/{i}/version"] = float(s.version)
-        out[f"actor/{i}/env_s"] = s.env_s
-        out[f"actor/{i}/infer_s"] = s.infer_s
-        out[f"actor/{i}/throttle_s"] = s.throttle_s
-        out[f"actor/{i}/blocked_s"] = s.blocked_s
+def counters(prefix: str, counts: Mapping[str, int]) -> Dict[str, float]:
+    """``{prefix: total, prefix/<reason>: n}``: the total is always present, reasons once they occur."""
+    out = {prefix: float(sum(counts.values()))}
+    out.update({f"{prefix}/{reason}": float(n) for reason, n in counts.items()})
     return out

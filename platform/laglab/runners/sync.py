@@ -13,7 +13,7 @@ from ..config import Config
 from ..envs import EnvSpec
 from ..learner import Learner
 from ..tracking import Tracker
-from .base import Budget, LearnerDriver, actor_gauges
+from .base import Budget, LearnerDriver, counters
 
 
 def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec) -> Dict[str, Any]:
@@ -22,7 +22,10 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec) -> Dict[
     actors = [Actor(cfg, i, next(incarnations)) for i in range(cfg.actors)]
     snap = [learner.snapshot()]
     driver = LearnerDriver(cfg, learner, tracker, budget, publish=lambda s: snap.__setitem__(0, s),
-                           gauges=lambda: {"transport/queue_depth": 0.0, **actor_gauges({a.actor_id: a.stats for a in actors})})
+                           gauges=lambda: {"transport/queue_depth": 0.0, "transport/queue_bytes": 0.0,
+                                           **counters("transport/dropped", driver.acct.dropped),
+                                           **counters("transport/rejected", driver.acct.rejected)},
+                           actors=lambda: {a.actor_id: a.stats for a in actors})
     per_rollout = steps_per_rollout(cfg)
     rounds = cfg.learner.batch_size // (cfg.actors * per_rollout)
     try:

@@ -6,6 +6,7 @@ run with the actor's traceback; the learner never waits forever (``runner.actor_
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 import time
@@ -18,7 +19,7 @@ from ..envs import EnvSpec
 from ..learner import Learner
 from ..tracking import Tracker
 from ..transport import Closed, FragmentQueue, PolicyStore
-from .base import Budget, LearnerDriver, actor_gauges
+from .base import Budget, LearnerDriver, counters
 
 
 class ActorFailed(RuntimeError):
@@ -82,10 +83,12 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec) -> Dict[
             finished.append(actor_id)
 
     def gauges() -> Dict[str, float]:
+        dropped = collections.Counter(driver.acct.dropped)
+        dropped.update(queue.stats.dropped_steps)
         return {"transport/queue_depth": float(queue.depth), "transport/queue_bytes": float(queue.bytes),
-                **actor_gauges(stats)}
+                **counters("transport/dropped", dropped), **counters("transport/rejected", queue.stats.rejected_steps)}
 
-    driver = LearnerDriver(cfg, learner, tracker, budget, publish=store.publish, gauges=gauges)
+    driver = LearnerDriver(cfg, learner, tracker, budget, publish=store.publish, gauges=gauges, actors=lambda: stats)
     threads = [threading.Thread(target=actor_main, args=(i, next(incarnations)), name=f"actor-{i}", daemon=True)
                for i in range(cfg.actors)]
     for t in threads:
