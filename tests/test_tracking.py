@@ -114,7 +114,7 @@ def test_multirun_is_one_group_and_finishes_every_run(tmp_path):
 
 
 def test_a_killed_run_leaves_readable_metrics_and_an_interrupted_summary(tmp_path):
-    p = subprocess.Popen([sys.executable, "train.py", "total_env_steps=5000000", "tracking.flush_every=1",
+    p = subprocess.Popen([sys.executable, "train.py", "total_env_steps=5000000", "tracking.flush_every_s=0",
                           "tracking.wandb.mode=disabled", f"hydra.run.dir={tmp_path}"], cwd=ROOT,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

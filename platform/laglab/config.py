@@ -134,9 +134,9 @@ class WandbConfig:
 class TrackingConfig:
     console_every_s: float = 5.0  # a plain progress line in the log (and Hydra's log file)
     progress: bool = True  # a live progress bar when stdout is a terminal
-    log_interval_s: float = 1.0  # W&B scalar rows at most this often (metrics.parquet gets every update)
-    hist_every: int = 10  # histograms (version lag, data age) every N updates, to W&B and histograms.parquet
-    flush_every: int = 50  # rewrite the parquet files every N updates, so a crashed run keeps its rows
+    log_interval_s: float = 2.0  # W&B scalar rows at most this often (metrics.parquet gets every update)
+    hist_every: int = 20  # histograms (version lag, data age) every N updates, to W&B and histograms.parquet
+    flush_every_s: float = 30.0  # rewrite the parquet files this often, so a crashed run keeps its rows
     return_window: int = 20
     wandb: WandbConfig = field(default_factory=WandbConfig)
 

@@ -7,6 +7,7 @@ Local files (pandas sees exactly what W&B shows):
   raw values;
 - ``actors.parquet``: one row per (update, actor);
 - ``episodes.parquet``: one row per finished episode;
+- all of them rewritten every ``flush_every_s`` seconds, so a crashed run keeps its rows;
 - ``summary.json``: written at the end, also when the run fails or is interrupted (``status`` says which).
 
 W&B gets the same scalar rows (at most one per ``log_interval_s``; each carries ``update`` so it can be
@@ -158,6 +159,7 @@ class Tracker:
         self.actor_rows: List[Dict[str, Any]] = []
         self.best_return_mean = -math.inf
         self._last_console = self._last_wandb = -math.inf
+        self._last_flush = time.perf_counter()
         self._prev_actor: Dict[int, tuple] = {}
         self.log_s = 0.0  # wall seconds spent in tracking (W&B + parquet + console)
         self.wandb: Optional[WandbSink] = None
@@ -227,9 +229,10 @@ class Tracker:
             for name, values in hists.items():
                 self.hist_rows.append({"update": update, "env_steps": env_steps, "metric": name,
                                        "values": np.asarray(values, dtype=np.float64).tolist()})
-        if self.cfg.flush_every and update % self.cfg.flush_every == 0:
-            self.flush()
         now = time.perf_counter()
+        if now - self._last_flush >= self.cfg.flush_every_s:
+            self._last_flush = now
+            self.flush()
         if self.wandb and (hist_now or now - self._last_wandb >= self.cfg.log_interval_s):
             self._last_wandb = now
             data = dict(row)
