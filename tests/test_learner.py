@@ -69,7 +69,7 @@ def test_update_bumps_version_reports_lag_and_ships_normalizer():
     snap = learner.snapshot()
     np.testing.assert_allclose(snap.obs_mean, obs.mean(0), rtol=1e-3, atol=1e-3)
     np.testing.assert_allclose(snap.obs_var, obs.var(0), rtol=1e-2, atol=1e-3)
-    assert snap.version == 6 and snap.consumed == {0: 6}
+    assert snap.version == 6 and snap.consumed == {1: 6}  # keyed by incarnation
     for k in ("losses/policy_loss", "losses/value_loss", "losses/approx_kl", "lag/kl_behavior"):
         assert np.isfinite(m[k])
 

@@ -46,9 +46,10 @@ class ActorStats:
     loads: int = 0
 
 
-def lead(produced: int, snap: Snapshot, actor_id: int) -> int:
-    """Env steps this actor has produced beyond what the learner had consumed of its data at ``snap``."""
-    return produced - snap.consumed.get(actor_id, 0)
+def lead(produced: int, snap: Snapshot, incarnation: int) -> int:
+    """Env steps this actor incarnation has produced beyond what the learner had consumed of its data at
+    ``snap`` (keyed by incarnation, so a restarted actor starts with a clean slate)."""
+    return produced - snap.consumed.get(incarnation, 0)
 
 
 def seed_for(base: int, actor_id: int, incarnation: int) -> int:
@@ -64,6 +65,7 @@ class Actor:
         seed = seed_for(cfg.seed, actor_id, incarnation)
         self.envs = EnvGroup(cfg.env, n, seed % (2**31))
         self.spec = self.envs.spec
+        self.envs.tag(actor_id * n)
         self.rng = np.random.default_rng(seed)
         self.policy: Optional[InferencePolicy] = None
         self.snapshot: Optional[Snapshot] = None
@@ -193,7 +195,7 @@ def steps_per_rollout(cfg: Config) -> int:
     return cfg.actor.envs_per_actor * cfg.actor.rollout_len
 
 
-def throttle_state(produced: int, snap: Snapshot, actor_id: int, max_lead: Optional[int]) -> Tuple[bool, int]:
+def throttle_state(produced: int, snap: Snapshot, incarnation: int, max_lead: Optional[int]) -> Tuple[bool, int]:
     """(must_pause, lead): pause before a rollout that would start beyond ``max_lead`` steps of lead."""
-    ld = lead(produced, snap, actor_id)
+    ld = lead(produced, snap, incarnation)
     return (max_lead is not None and ld >= max_lead), ld

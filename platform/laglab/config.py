@@ -30,6 +30,11 @@ class RunnerKind(str, Enum):
     sync = "sync"
 
 
+class Duplicates(str, Enum):
+    ignore = "ignore"  # a fragment delivered twice is admitted once
+    charge = "charge"  # admitted again, and counted
+
+
 class Overflow(str, Enum):
     block = "block"
     reject = "reject"
@@ -101,7 +106,8 @@ class LearnerConfig:
     broadcast_every: int = 1  # publish a snapshot every N updates
     max_policy_lag: Optional[int] = None  # drop transitions older than this many versions; null = keep all
     target_kl: Optional[float] = None  # stop the epochs of an update early past this approx KL
-    checkpoint: bool = True
+    checkpoint: bool = True  # checkpoints/final.pt at the end
+    checkpoint_every: int = 0  # also checkpoints/latest.pt every N updates (0 = never)
 
 
 @dataclass
@@ -110,6 +116,9 @@ class RunnerConfig:
     torch_threads: int = 1
     poll_s: float = 0.05  # how often a waiting thread re-checks for shutdown and failures
     actor_timeout_s: float = 120.0  # learner gives up when no data arrives for this long
+    actors_max_restarts: int = 3  # per actor slot; a crashed or hung actor restarts with a new incarnation
+    heartbeat_timeout_s: float = 60.0  # an actor that shows no sign of life this long is declared hung
+    restart_backoff_s: float = 0.5  # doubled after each restart of the same slot
 
 
 @dataclass
@@ -117,6 +126,25 @@ class TransportConfig:
     capacity: int = 64  # fragments in the queue
     max_bytes: int = 256 * 1024 * 1024
     policy: Overflow = Overflow.block
+    duplicates: Duplicates = Duplicates.ignore
+    dedup_window: int = 64  # fragments remembered per (actor incarnation, env instance) for duplicate detection
+
+
+@dataclass
+class ChaosConfig:
+    """Fault injection (laglab.chaos); every probability is per fragment, every event is counted."""
+
+    name: str = "none"
+    drop_p: float = 0.0  # lost in transit
+    duplicate_p: float = 0.0  # delivered twice
+    reorder_p: float = 0.0  # delivered after the next fragment
+    delay_p: float = 0.0  # delivered after the next `delay_fragments` fragments
+    delay_fragments: int = 4
+    corrupt_p: float = 0.0  # NaN obs | wrong obs shape | impossible probability | unknown schema
+    kill_every_steps: Optional[int] = None  # an actor crashes once it has produced this many steps
+    hang_every_steps: Optional[int] = None  # an actor stops (no heartbeat) once it has produced this many steps
+    stall_every_updates: Optional[int] = None  # the learner stalls after every N updates ...
+    stall_s: float = 0.0  # ... for this many seconds
 
 
 @dataclass
@@ -146,6 +174,7 @@ class Config:
     actors: int = 4
     seed: int = 0
     total_env_steps: int = 200_000
+    resume: Optional[str] = None  # a run dir: continue from its newest checkpoint (version counter intact)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -154,6 +183,7 @@ class Config:
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    chaos: ChaosConfig = field(default_factory=ChaosConfig)
 
 
 SCHEMA_NAME = "laglab_schema"  # not a selectable group option
@@ -278,7 +308,24 @@ def validate(cfg: Any) -> Config:
             lr.batch_size,
         )
     _require(c.transport.capacity >= 1, "transport.capacity", "an integer >= 1", c.transport.capacity)
+    _require(c.transport.dedup_window >= 1, "transport.dedup_window", "an integer >= 1", c.transport.dedup_window)
     _require(c.transport.max_bytes >= 1, "transport.max_bytes", "an integer >= 1", c.transport.max_bytes)
+    ch = c.chaos
+    for k in ("drop_p", "duplicate_p", "reorder_p", "delay_p", "corrupt_p"):
+        _require(0.0 <= getattr(ch, k) <= 1.0, f"chaos.{k}", "a probability in [0, 1]", getattr(ch, k))
+    _require(ch.delay_p + ch.reorder_p <= 1.0, "chaos.delay_p", "delay_p + reorder_p <= 1", ch.delay_p)
+    _require(ch.delay_fragments >= 1, "chaos.delay_fragments", "an integer >= 1", ch.delay_fragments)
+    for k in ("kill_every_steps", "hang_every_steps", "stall_every_updates"):
+        v = getattr(ch, k)
+        _require(v is None or v >= 1, f"chaos.{k}", "null or an integer >= 1", v)
+    _require(ch.stall_s >= 0, "chaos.stall_s", "a number >= 0", ch.stall_s)
+    _require(ch.hang_every_steps is None or c.runner.name == RunnerKind.thread, "chaos.hang_every_steps",
+             "null with runner=sync (a hung actor would hang the one thread there)", ch.hang_every_steps)
+    _require(c.runner.actors_max_restarts >= 0, "runner.actors_max_restarts", "an integer >= 0",
+             c.runner.actors_max_restarts)
+    _require(c.runner.heartbeat_timeout_s > 0, "runner.heartbeat_timeout_s", "a number > 0",
+             c.runner.heartbeat_timeout_s)
+    _require(lr.checkpoint_every >= 0, "learner.checkpoint_every", "an integer >= 0 (0 = never)", lr.checkpoint_every)
     _require(c.runner.torch_threads >= 1, "runner.torch_threads", "an integer >= 1", c.runner.torch_threads)
     _require(c.tracking.hist_every >= 0, "tracking.hist_every", "an integer >= 0 (0 = never)", c.tracking.hist_every)
     _require(c.tracking.return_window >= 1, "tracking.return_window", "an integer >= 1", c.tracking.return_window)

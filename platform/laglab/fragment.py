@@ -47,7 +47,8 @@ class Fragment:
 
     @property
     def length(self) -> int:
-        return int(self.rewards.shape[0])
+        """Transitions the header claims (admission checks that the arrays agree); used for accounting."""
+        return self.id.length
 
     @property
     def nbytes(self) -> int:

@@ -45,7 +45,7 @@ class Learner:
         self.obs_rms = RunningMeanStd(spec.obs_shape)
         self.version = 0
         self.updates = 0
-        self.consumed: Dict[int, int] = collections.defaultdict(int)  # actor id -> steps taken off the queue
+        self.consumed: Dict[int, int] = collections.defaultdict(int)  # incarnation -> steps taken off the queue
         self.trained_steps = 0
         self.gen = torch.Generator().manual_seed(int(cfg.seed) + 7919)
 
@@ -54,8 +54,14 @@ class Learner:
         return Snapshot.make(self.version, self.model, self.obs_rms.mean, self.obs_rms.var, dict(self.consumed))
 
     def take(self, frag: Fragment) -> int:
-        """Record that a fragment left the queue; returns its version lag."""
-        self.consumed[frag.id.actor_id] += frag.length
+        """Record that an admitted fragment reached the learner; returns its version lag.
+
+        ``consumed[incarnation]`` is a watermark, not a sum: the incarnation's env steps up to the newest
+        rollout the learner has received (its envs step in lockstep, so t_end + 1 steps per env). A fragment
+        lost or refused on the way is passed by the next one, so the actors' throttle never leaks credit."""
+        mark = (frag.id.t_end + 1) * self.cfg.actor.envs_per_actor
+        if mark > self.consumed[frag.id.incarnation]:
+            self.consumed[frag.id.incarnation] = mark
         return self.version - frag.id.behavior_version
 
     # ---- update ------------------------------------------------------------------------------------
@@ -181,8 +187,9 @@ class Learner:
         return m
 
     # ---- checkpoints -------------------------------------------------------------------------------
-    def checkpoint_state(self) -> Dict[str, object]:
+    def checkpoint_state(self, env_steps: int = 0) -> Dict[str, object]:
         return {
+            "env_steps": int(env_steps),
             "model": self.model.state_dict(),
             "optimizer": self.opt.state_dict(),
             "obs_mean": torch.from_numpy(np.asarray(self.obs_rms.mean, dtype=np.float64)),
@@ -194,16 +201,17 @@ class Learner:
             "rng": self.gen.get_state(),
         }
 
-    def save_checkpoint(self, path: Path) -> Path:
+    def save_checkpoint(self, path: Path, env_steps: int = 0) -> Path:
         """Write atomically: a temp file in the same folder, then rename over the target."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        torch.save(self.checkpoint_state(), tmp)
+        torch.save(self.checkpoint_state(env_steps), tmp)
         os.replace(tmp, path)
         return path
 
-    def load_checkpoint(self, path: Path) -> None:
+    def load_checkpoint(self, path: Path) -> int:
+        """Restore everything saved; returns the env steps the checkpointed run had used."""
         state = torch.load(path, weights_only=True)
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
@@ -214,6 +222,7 @@ class Learner:
         self.updates = int(state["updates"])
         self.trained_steps = int(state["trained_steps"])
         self.gen.set_state(state["rng"])
+        return int(state.get("env_steps", 0))
 
 
 def batch_fragments(cfg: Config) -> int:

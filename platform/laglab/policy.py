@@ -66,7 +66,7 @@ class Snapshot:
     plus the observation-normalizer statistics. Published atomically (one object swap), so an actor never
     runs a mix of two versions. Plain arrays: the same record can cross a process or host boundary.
 
-    ``consumed`` maps actor id -> env steps of that actor's data the learner had taken when the
+    ``consumed`` maps actor incarnation -> env steps of its data the learner had taken when the
     snapshot was made (the actors' throttle reads it)."""
 
     version: int

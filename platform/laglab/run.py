@@ -12,10 +12,11 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from .config import Config
+from .config import Config, ConfigError
 from .envs import EnvSpec, make_env
 from .learner import Learner
 from .runners import RUNNERS
+from .runners.base import Budget
 from .tracking import Tracker
 
 log = logging.getLogger("laglab")
@@ -29,6 +30,16 @@ def env_spec(cfg: Config) -> EnvSpec:
         env.close()
 
 
+def resume_checkpoint(run_dir: str) -> Path:
+    """The newest checkpoint of a run dir: checkpoints/final.pt if the run ended, else latest.pt."""
+    d = Path(run_dir) / "checkpoints"
+    for name in ("final.pt", "latest.pt"):
+        if (d / name).exists():
+            return d / name
+    raise ConfigError(f"invalid config: resume={run_dir!r} has no checkpoints/final.pt or checkpoints/latest.pt "
+                      "(set learner.checkpoint_every to write checkpoints during a run)")
+
+
 def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = None,
         group: Optional[str] = None) -> Dict[str, Any]:
     """Train once; ``resolved_config`` is what W&B records as the run's config (default: ``cfg``),
@@ -40,17 +51,24 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
     torch.manual_seed(cfg.seed)
     spec = env_spec(cfg)
     learner = Learner(cfg, spec)
+    used = 0
+    if cfg.resume:
+        ck = resume_checkpoint(cfg.resume)
+        used = learner.load_checkpoint(ck)
+        log.info("laglab: resumed from %s at policy version %d, %d env steps", ck, learner.version, used)
+    budget = Budget(cfg.total_env_steps, used)
     if resolved_config is None:
         resolved_config = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
     tracker = Tracker(run_dir, cfg.tracking, cfg.total_env_steps, resolved_config, cfg.algo.name, group)
     base = {"algo": cfg.algo.name, "actors": cfg.actors, "seed": cfg.seed, "runner": cfg.runner.name.value,
-            "env_id": cfg.env.id, "total_env_steps": cfg.total_env_steps}
+            "env_id": cfg.env.id, "total_env_steps": cfg.total_env_steps, "resumed_from": cfg.resume,
+            "start_env_steps": used, "start_version": learner.version}
     log.info("laglab: %s on %s, %d actor(s), runner=%s, seed=%d -> %s", cfg.algo.name, cfg.env.id, cfg.actors,
              cfg.runner.name.value, cfg.seed, run_dir)
     status, error, result = "failed", None, {}
     t0 = time.perf_counter()
     try:
-        result = RUNNERS[cfg.runner.name](cfg, learner, tracker, spec)
+        result = RUNNERS[cfg.runner.name](cfg, learner, tracker, spec, budget, run_dir)
         status = "completed"
     except KeyboardInterrupt:
         status = "interrupted"
@@ -60,7 +78,7 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
         raise
     finally:
         wall = time.perf_counter() - t0
-        env_steps = int(result.get("env_steps", tracker.rows[-1]["env_steps"] if tracker.rows else 0))
+        env_steps = budget.used
         summary = dict(base)
         summary.update({
             "status": status,
@@ -68,17 +86,17 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
             "updates": learner.updates,
             "policy_version": learner.version,
             "wall_time_s": wall,
-            "sps": env_steps / wall if wall > 0 else 0.0,
+            "sps": (env_steps - used) / wall if wall > 0 else 0.0,
         })
         if error:
             summary["error"] = error
-        if "accounting" in result:
-            summary["transport"] = result["accounting"].as_dict()
-            summary["transport"].update(result.get("queue", {}))
+        for key in ("transport", "chaos", "actor_restarts"):
+            if key in result:
+                summary[key] = result[key]
         if "actor_stats" in result:
             summary["actors_stats"] = {str(i): vars(s) for i, s in sorted(result["actor_stats"].items())}
         if cfg.learner.checkpoint:
-            summary["checkpoint"] = str(learner.save_checkpoint(run_dir / "checkpoints" / "final.pt"))
+            summary["checkpoint"] = str(learner.save_checkpoint(run_dir / "checkpoints" / "final.pt", env_steps))
         summary = tracker.finish(summary)
         log.info("laglab: %s after %d env steps, %d updates, %.1fs (%.0f sps); return (last %d) %.1f, best %.1f",
                  status, env_steps, learner.updates, wall, summary["sps"], cfg.tracking.return_window,

@@ -51,8 +51,10 @@ class FragmentQueue:
     def _fits(self, nbytes: int) -> bool:
         return len(self._items) < self.capacity and self._bytes + nbytes <= self.max_bytes
 
-    def put(self, frag: Fragment, poll_s: float = 0.05) -> bool:
+    def put(self, frag: Fragment, poll_s: float = 0.05, on_wait: Optional[Callable[[], None]] = None) -> bool:
         """Enqueue; returns False if the fragment was refused. Raises :class:`Closed` after close()."""
+        if self._closed:
+            raise Closed()
         nbytes = frag.nbytes
         steps = frag.length
         with self._cv:
@@ -72,6 +74,8 @@ class FragmentQueue:
                     t0 = time.perf_counter()
                     while not self._fits(nbytes) and not self._closed:
                         self._cv.wait(poll_s)
+                        if on_wait is not None:
+                            on_wait()  # e.g. a heartbeat: blocked on a full queue is not hung
                     self.stats.blocked_s += time.perf_counter() - t0
             if self._closed:
                 raise Closed()

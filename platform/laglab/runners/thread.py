@@ -1,8 +1,10 @@
-"""Actor threads, learner in the calling thread, a bounded fragment queue between them.
+"""Actor threads, learner in the calling thread, a bounded fragment queue between them, and a supervisor.
 
 Each actor thread: read the newest snapshot; pause while ``max_lead_steps`` says it is too far ahead;
-reserve a rollout from the budget; collect; put its fragments on the queue. An actor failure stops the
-run with the actor's traceback; the learner never waits forever (``runner.actor_timeout_s``).
+reserve a rollout from the budget; collect; send its fragments (through chaos, if configured) to the queue.
+The learner loop also supervises: an actor that crashed, or showed no heartbeat for
+``runner.heartbeat_timeout_s``, is restarted with a new incarnation after a backoff, up to
+``runner.actors_max_restarts`` times per slot; then the run stops with the actor's error — never a hang.
 """
 from __future__ import annotations
 
@@ -11,118 +13,157 @@ import itertools
 import threading
 import time
 import traceback
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
-from ..actor import Actor, ActorStats, steps_per_rollout, throttle_state
+from ..actor import ActorStats, throttle_state
+from ..admission import Admission
 from ..config import Config
 from ..envs import EnvSpec
 from ..learner import Learner
 from ..tracking import Tracker
 from ..transport import Closed, FragmentQueue, PolicyStore
-from .base import Budget, LearnerDriver, counters
+from .base import Budget, Incarnation, LearnerDriver, SharedCounts, counters, transport_summary
 
 
 class ActorFailed(RuntimeError):
     pass
 
 
-def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec) -> Dict[str, Any]:
-    budget = Budget(cfg.total_env_steps)
+class Slot:
+    """One actor position: its current incarnation's thread and its restart history."""
+
+    def __init__(self, actor_id: int):
+        self.actor_id = actor_id
+        self.inc: Optional[Incarnation] = None
+        self.thread: Optional[threading.Thread] = None
+        self.restarts = 0
+        self.start_at = 0.0
+        self.finished = False  # the budget ran out: no restart
+        self.error: Optional[str] = None
+        self.stats = ActorStats()
+
+
+def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: Budget, run_dir) -> Dict[str, Any]:
     store = PolicyStore(learner.snapshot())
     queue = FragmentQueue(cfg.transport.capacity, cfg.transport.max_bytes, cfg.transport.policy)
     stop = threading.Event()
-    errors: List[str] = []
-    stats: Dict[int, ActorStats] = {}
-    finished: List[int] = []
-    produced_lock = threading.Lock()
-    produced = [0]
-    unsent = [0]
+    counts = SharedCounts()
     incarnations = itertools.count(1)
-    per_rollout = steps_per_rollout(cfg)
     max_lead = cfg.actor.max_lead_steps
     poll = cfg.runner.poll_s
+    slots: List[Slot] = [Slot(i) for i in range(cfg.actors)]
 
-    def actor_main(actor_id: int, incarnation: int) -> None:
-        actor = None
+    def actor_main(slot: Slot, inc: Incarnation) -> None:
+        def send(frag) -> None:
+            t0 = time.perf_counter()
+            queue.put(frag, poll, on_wait=inc.beat)
+            inc.stats.blocked_s += time.perf_counter() - t0
+
+        def wait_hung() -> None:  # a scripted hang: no heartbeat until the supervisor gives up on us
+            while not (inc.abandoned.is_set() or stop.is_set()):
+                inc.abandoned.wait(poll)
+
         try:
-            actor = Actor(cfg, actor_id, incarnation)
-            stats[actor_id] = actor.stats
-            mine = 0
-            while not stop.is_set():
+            while not stop.is_set() and not inc.abandoned.is_set():
+                inc.beat()
                 snap = store.latest()
-                pause, _ = throttle_state(mine, snap, actor_id, max_lead)
+                pause, _ = throttle_state(inc.produced, snap, inc.incarnation, max_lead)
                 if pause:
                     t0 = time.perf_counter()
                     while pause and not stop.is_set():
+                        inc.beat()
                         snap = store.wait_newer(snap.version, poll, stop.is_set)
-                        pause, _ = throttle_state(mine, snap, actor_id, max_lead)
-                    actor.stats.throttle_s += time.perf_counter() - t0
+                        pause, _ = throttle_state(inc.produced, snap, inc.incarnation, max_lead)
+                    inc.stats.throttle_s += time.perf_counter() - t0
                     continue
-                actor.load(snap)
-                if not budget.reserve(per_rollout):
-                    break
-                ro = actor.collect()
-                mine += ro.steps
-                with produced_lock:
-                    produced[0] += ro.steps
-                tracker.add_episodes(ro.episodes, budget.used)
-                t0 = time.perf_counter()
-                for k, f in enumerate(ro.fragments):
-                    try:
-                        queue.put(f, poll)
-                    except Closed:  # the run is stopping: the rest of this rollout is dropped, and counted
-                        with produced_lock:
-                            unsent[0] += sum(g.length for g in ro.fragments[k:])
-                        return
-                actor.stats.blocked_s += time.perf_counter() - t0
-        except BaseException:  # noqa: BLE001 - reported to the learner thread, which fails the run
-            errors.append(f"actor {actor_id} (incarnation {incarnation}) failed:\n{traceback.format_exc()}")
-        finally:
-            if actor is not None:
-                actor.close()
-            finished.append(actor_id)
+                if not inc.produce(snap, budget, tracker, send, wait_hung):
+                    inc.finish(send)
+                    slot.finished = True
+                    return
+            inc.finish(send)
+        except Closed:
+            inc.crashed()
+        except BaseException:  # noqa: BLE001 - reported to the supervisor (the learner thread)
+            slot.error = f"actor {inc.actor_id} (incarnation {inc.incarnation}) failed:\n{traceback.format_exc()}"
+            inc.crashed()
+
+    def start(slot: Slot) -> None:
+        slot.error = None
+        inc = Incarnation(cfg, slot.actor_id, next(incarnations), counts)
+        slot.inc, slot.stats = inc, inc.stats
+        slot.thread = threading.Thread(target=actor_main, args=(slot, inc), name=f"actor-{slot.actor_id}",
+                                       daemon=True)
+        slot.thread.start()
+
+    def schedule_restart(slot: Slot, why: str) -> None:
+        rc = cfg.runner
+        if slot.restarts >= rc.actors_max_restarts:
+            raise ActorFailed(f"actor {slot.actor_id} stopped {slot.restarts + 1} times "
+                              f"(runner.actors_max_restarts={rc.actors_max_restarts}); last: {why}")
+        slot.start_at = time.monotonic() + rc.restart_backoff_s * (2 ** slot.restarts)
+        slot.restarts += 1
+        slot.thread = None
+
+    def supervise() -> bool:
+        """Restart what died or hung; True while any actor may still produce."""
+        now = time.monotonic()
+        live = False
+        for slot in slots:
+            if slot.finished:
+                continue
+            live = True
+            if slot.thread is None:
+                if now >= slot.start_at:
+                    start(slot)
+            elif not slot.thread.is_alive():
+                schedule_restart(slot, slot.error or "exited")
+            elif now - slot.inc.last_beat > cfg.runner.heartbeat_timeout_s:
+                slot.inc.abandoned.set()  # the old thread drops what it holds if it ever wakes up
+                schedule_restart(slot, f"no heartbeat for {cfg.runner.heartbeat_timeout_s}s "
+                                       "(runner.heartbeat_timeout_s)")
+        return live
 
     def gauges() -> Dict[str, float]:
-        dropped = collections.Counter(driver.acct.dropped)
+        dropped = collections.Counter(counts.dropped)
         dropped.update(queue.stats.dropped_steps)
+        dropped["lag"] += driver.acct.dropped.get("lag", 0)
         return {"transport/queue_depth": float(queue.depth), "transport/queue_bytes": float(queue.bytes),
-                **counters("transport/dropped", dropped), **counters("transport/rejected", queue.stats.rejected_steps)}
+                **counters("transport/dropped", dropped),
+                **counters("transport/refused_by_queue", queue.stats.rejected_steps)}
 
-    driver = LearnerDriver(cfg, learner, tracker, budget, publish=store.publish, gauges=gauges, actors=lambda: stats)
-    threads = [threading.Thread(target=actor_main, args=(i, next(incarnations)), name=f"actor-{i}", daemon=True)
-               for i in range(cfg.actors)]
-    for t in threads:
-        t.start()
+    admission = Admission(spec, cfg.actors, cfg.actor.envs_per_actor, cfg.transport.duplicates,
+                          cfg.transport.dedup_window)
+    driver = LearnerDriver(cfg, learner, tracker, budget, admission, publish=store.publish, gauges=gauges,
+                           actors=lambda: {s.actor_id: s.stats for s in slots},
+                           checkpoint_dir=run_dir / "checkpoints")
+    for slot in slots:
+        start(slot)
     try:
         last_data = time.monotonic()
         while True:
-            if errors:
-                raise ActorFailed(errors[0])
             item = queue.get(poll)
             if item is None:
-                if len(finished) == len(threads) and queue.depth == 0:
+                if not supervise() and queue.depth == 0:
                     break
                 if time.monotonic() - last_data > cfg.runner.actor_timeout_s:
                     raise ActorFailed(f"no data from any actor for {cfg.runner.actor_timeout_s}s "
-                                      f"(runner.actor_timeout_s); actors finished: {sorted(finished)}")
+                                      "(runner.actor_timeout_s)")
                 continue
             last_data = time.monotonic()
             driver.offer(*item)
+            supervise()
     finally:
         stop.set()
         store.wake()
         queue.close()
-        for t in threads:
-            t.join(timeout=30)
-        driver.drop_pending("shutdown")
-        acct = driver.acct
-        acct.produced = produced[0]
-        if unsent[0]:
-            acct.dropped["shutdown"] += unsent[0]
-        for reason, n in queue.stats.dropped_steps.items():
-            acct.dropped[reason] += n
-        for reason, n in queue.stats.rejected_steps.items():
-            acct.rejected[reason] += n
-    return {"accounting": acct, "actor_stats": stats, "env_steps": budget.used,
-            "queue": {"max_depth": queue.stats.max_depth, "max_bytes": queue.stats.max_bytes,
-                      "blocked_s": queue.stats.blocked_s}}
+        for slot in slots:
+            if slot.thread is not None:
+                slot.thread.join(timeout=30)
+    acct = driver.close(counts, queue.stats.dropped_steps, queue.stats.rejected_steps)
+    restarts = sum(s.restarts for s in slots)
+    queue_info = {"max_depth": queue.stats.max_depth, "max_bytes": queue.stats.max_bytes,
+                  "blocked_s": queue.stats.blocked_s, "capacity": queue.capacity, "max_bytes_bound": queue.max_bytes}
+    out = transport_summary(acct, admission, counts.chaos, restarts, {"queue": queue_info})
+    out["chaos"]["stalls"] = driver.stalls
+    out.update({"accounting": acct, "actor_stats": {s.actor_id: s.stats for s in slots}, "env_steps": budget.used})
+    return out

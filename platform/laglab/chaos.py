@@ -1,0 +1,128 @@
+"""Fault injection on the actor -> learner path, reproducible from the seed and counted event by event, so
+tests can check that what was injected is exactly what was detected.
+
+A :class:`ChaosChannel` sits between one actor incarnation and the transport. Per fragment it may drop it
+(lost in transit), corrupt it (NaN observations, a wrong observation shape, an impossible probability, an
+unknown schema version), hold it back until after the next delivery (reorder) or the next
+``delay_fragments`` deliveries (delay), and deliver it twice (duplicate). Actor kills, actor hangs and
+learner stalls are scheduled by step/update counts and carried out by the runners.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from .config import ChaosConfig
+from .fragment import Fragment
+
+CORRUPTIONS = ("nan", "shape", "prob", "schema")
+# the admission reason each corruption must be refused with
+EXPECTED_REASON = {"nan": "non_finite", "shape": "shape", "prob": "logp", "schema": "schema"}
+
+
+class ActorKilled(RuntimeError):
+    """A scripted actor crash."""
+
+
+@dataclass
+class ChaosCounts:
+    duplicated: int = 0  # extra deliveries (fragments)
+    reordered: int = 0
+    delayed: int = 0
+    dropped_steps: int = 0  # transitions lost in transit
+    corrupted: Dict[str, int] = field(default_factory=collections.Counter)  # fragments by kind
+    corrupted_steps: Dict[str, int] = field(default_factory=collections.Counter)  # transitions by kind
+    kills: int = 0
+    hangs: int = 0
+    stalls: int = 0
+
+    def merge(self, other: "ChaosCounts") -> None:
+        for f in dataclasses.fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(a, dict):
+                a.update(b)
+            else:
+                setattr(self, f.name, a + b)
+
+    def as_dict(self) -> Dict[str, object]:
+        d = dataclasses.asdict(self)
+        d["corrupted"] = dict(self.corrupted)
+        d["corrupted_steps"] = dict(self.corrupted_steps)
+        return d
+
+
+def corrupt(frag: Fragment, kind: str) -> Fragment:
+    """A damaged copy of ``frag`` (the original is immutable and untouched)."""
+    if kind == "nan":
+        obs = frag.obs.copy()
+        obs[len(obs) // 2].flat[0] = np.nan
+        return dataclasses.replace(frag, obs=obs)
+    if kind == "shape":
+        return dataclasses.replace(frag, obs=np.concatenate([frag.obs, frag.obs[:, :1]], axis=1))
+    if kind == "prob":
+        logp = frag.logp.copy()
+        logp[0] = 0.5  # log-probability > 0: a probability above 1 (for continuous actions: not finite)
+        if frag.mean is not None:
+            logp[0] = np.inf
+        return dataclasses.replace(frag, logp=logp)
+    if kind == "schema":
+        return dataclasses.replace(frag, id=dataclasses.replace(frag.id, schema_version=frag.id.schema_version + 100))
+    raise ValueError(f"unknown corruption {kind!r}; allowed: {', '.join(CORRUPTIONS)}")
+
+
+class ChaosChannel:
+    """What happens to one actor incarnation's fragments on their way to the learner."""
+
+    def __init__(self, cfg: ChaosConfig, seed: int, actor_id: int, incarnation: int):
+        self.cfg = cfg
+        self.rng = np.random.default_rng([seed, actor_id, incarnation, 0xC4A05])
+        self.counts = ChaosCounts()
+        self._held: List[Tuple[Fragment, int]] = []  # (fragment, deliveries still to wait)
+        self.kill_at: Optional[int] = cfg.kill_every_steps
+        self.hang_at: Optional[int] = cfg.hang_every_steps
+
+    @property
+    def active(self) -> bool:
+        c = self.cfg
+        return any(p > 0 for p in (c.duplicate_p, c.reorder_p, c.delay_p, c.drop_p, c.corrupt_p))
+
+    def send(self, frag: Fragment) -> List[Fragment]:
+        """The deliveries that result from sending ``frag`` now (possibly none, possibly older ones)."""
+        c, r = self.cfg, self.rng
+        out: List[Fragment] = []
+        ready = [f for f, n in self._held if n <= 1]
+        self._held = [(f, n - 1) for f, n in self._held if n > 1]
+        if r.random() < c.drop_p:
+            self.counts.dropped_steps += frag.length
+        else:
+            if r.random() < c.corrupt_p:
+                kind = CORRUPTIONS[int(r.integers(len(CORRUPTIONS)))]
+                frag = corrupt(frag, kind)
+                self.counts.corrupted[kind] += 1
+                self.counts.corrupted_steps[kind] += frag.length
+            u = r.random()
+            if u < c.delay_p:
+                self._held.append((frag, c.delay_fragments))
+                self.counts.delayed += 1
+            elif u < c.delay_p + c.reorder_p:
+                self._held.append((frag, 1))
+                self.counts.reordered += 1
+            else:
+                out.append(frag)
+                if r.random() < c.duplicate_p:
+                    out.append(frag)  # a retried delivery: the same immutable fragment
+                    self.counts.duplicated += 1
+        return out + ready
+
+    def flush(self) -> List[Fragment]:
+        """Everything still held back (delivered when the actor finishes normally)."""
+        held = [f for f, _ in self._held]
+        self._held = []
+        return held
+
+    def held_steps(self) -> int:
+        return sum(f.length for f, _ in self._held)
