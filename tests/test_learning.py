@@ -39,3 +39,13 @@ def test_thread_runner_solves_cartpole_within_200k_steps(tmp_path, algo):
     assert s["final_return_mean"] >= 400
     df = pd.read_parquet(tmp_path / "metrics.parquet")
     assert df["lag/max"].max() >= 1  # it really was asynchronous
+
+
+@pytest.mark.slow
+def test_cartpole_still_learns_with_every_fault_on(tmp_path):
+    s = run(default_cfg("chaos=faults", "seed=2"), tmp_path)
+    assert s["best_return_mean"] >= 475
+    t, c = s["transport"], s["chaos"]
+    assert t["balanced"] and t["misattributed"] == 0
+    assert c["kills"] >= 1 and s["actor_restarts"] == c["kills"] and c["stalls"] >= 1
+    assert t["duplicates_detected"] == c["duplicated"] > 0

@@ -48,7 +48,7 @@ class Fragment:
     @property
     def length(self) -> int:
         """Transitions the header claims (admission checks that the arrays agree); used for accounting."""
-        return self.id.length
+        return max(0, self.id.length)
 
     @property
     def nbytes(self) -> int:
@@ -56,4 +56,4 @@ class Fragment:
             self.obs, self.actions, self.rewards, self.terminated, self.truncated, self.logp,
             self.values, self.trunc_values, self.last_obs, self.mean, self.log_std,
         )
-        return sum(a.nbytes for a in arrays if a is not None) + 9 * 8
+        return sum(a.nbytes for a in arrays if isinstance(a, np.ndarray)) + 9 * 8

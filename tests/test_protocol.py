@@ -1,0 +1,229 @@
+"""The transport protocol on the tagged env with scripted faults: admission, duplicates, reordering, loss,
+restarts, overflow policies under a stalled learner, exact accounting, resume. Deterministic where the
+runner is (sync); the thread-runner tests assert only what holds for every interleaving."""
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+from omegaconf import OmegaConf
+
+from laglab.actor import Actor
+from laglab.admission import Admission, validate
+from laglab.chaos import CORRUPTIONS, EXPECTED_REASON, corrupt
+from laglab.config import Config, Duplicates, validate as validate_cfg
+from laglab.envs import TAGGED_ID, audit_tags
+from laglab.learner import Learner
+from laglab.run import env_spec, run
+from laglab.runners.sync import ActorFailed as SyncActorFailed
+from laglab.runners.thread import ActorFailed
+
+
+def cfg_of(**over) -> Config:
+    small = {"actors": 2, "total_env_steps": 8192, "env": {"id": TAGGED_ID},
+             "actor": {"envs_per_actor": 4, "rollout_len": 16},
+             "learner": {"batch_size": 256, "minibatches": 2, "epochs": 2},
+             "tracking": {"console_every_s": 1e9, "wandb": {"mode": "disabled"}},
+             "runner": {"heartbeat_timeout_s": 60.0, "restart_backoff_s": 0.01}}
+    return validate_cfg(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(small), OmegaConf.create(over)))
+
+
+def balanced(t):
+    return t["produced"] == t["admitted"] + sum(t["dropped"].values()) + sum(t["rejected"].values()) + t["in_flight"]
+
+
+@pytest.fixture(scope="module")
+def tagged_fragments():
+    cfg = cfg_of()
+    actor = Actor(cfg, 1, 7)
+    actor.load(Learner(cfg, env_spec(cfg)).snapshot())
+    frags = actor.collect().fragments + actor.collect().fragments
+    return cfg, env_spec(cfg), frags
+
+
+# ---- admission ---------------------------------------------------------------------------------------------
+def test_valid_fragments_pass_and_each_corruption_is_rejected_with_its_reason(tagged_fragments):
+    cfg, spec, frags = tagged_fragments
+    for f in frags:
+        assert validate(f, spec, 2, 4, learner_version=0) is None
+    for kind in CORRUPTIONS:
+        assert validate(corrupt(frags[0], kind), spec, 2, 4, 0) == EXPECTED_REASON[kind]
+
+
+@pytest.mark.parametrize("mutate,reason", [
+    (lambda f: dataclasses.replace(f, id=dataclasses.replace(f.id, behavior_version=5)), "future_version"),
+    (lambda f: dataclasses.replace(f, id=dataclasses.replace(f.id, actor_id=9)), "identity"),
+    (lambda f: dataclasses.replace(f, id=dataclasses.replace(f.id, env_index=4)), "identity"),
+    (lambda f: dataclasses.replace(f, id=dataclasses.replace(f.id, t_end=f.id.t_end + 1)), "length"),
+    (lambda f: dataclasses.replace(f, rewards=f.rewards[:-1]), "length"),
+    (lambda f: dataclasses.replace(f, actions=f.actions.astype(np.float32)), "shape"),
+    (lambda f: dataclasses.replace(f, last_obs=f.last_obs[:2]), "shape"),
+    (lambda f: dataclasses.replace(f, values=np.where(np.arange(16) == 3, np.inf, f.values).astype(np.float32)),
+     "non_finite"),
+    (lambda f: dataclasses.replace(f, logp=np.full(16, np.nan, np.float32)), "logp"),
+    (lambda f: dataclasses.replace(f, actions=np.full(16, 2, np.int64)), "action"),
+    (lambda f: dataclasses.replace(f, terminated=np.ones(16, bool), truncated=np.ones(16, bool)), "flags"),
+    (lambda f: dataclasses.replace(f, trunc_values=np.ones(16, np.float32)), "flags"),
+    (lambda f: dataclasses.replace(f, terminated=f.terminated.astype(np.int8)), "flags"),
+    (lambda f: dataclasses.replace(f, obs=None), "length"),
+])
+def test_admission_names_each_kind_of_bad_input(tagged_fragments, mutate, reason):
+    cfg, spec, frags = tagged_fragments
+    f = frags[0] if not frags[0].truncated.any() else frags[1]
+    adm = Admission(spec, 2, 4, Duplicates.ignore)
+    bad = mutate(f)
+    assert adm.admit(bad, learner_version=0) == reason
+    assert adm.stats.rejected == {reason: bad.id.length} and adm.stats.admitted_steps == 0  # counted as claimed
+
+
+def test_duplicates_ignore_admits_once_charge_admits_again(tagged_fragments):
+    _, spec, frags = tagged_fragments
+    ign = Admission(spec, 2, 4, Duplicates.ignore)
+    assert [ign.admit(frags[0], 0), ign.admit(frags[0], 0), ign.admit(frags[1], 0)] == [None, "duplicate", None]
+    assert ign.stats.duplicates_detected == 1 and ign.stats.admitted_steps == 32
+    chg = Admission(spec, 2, 4, Duplicates.charge)
+    assert [chg.admit(frags[0], 0), chg.admit(frags[0], 0)] == [None, "charged"]
+    assert chg.stats.duplicates_detected == 1 and chg.stats.duplicate_steps_admitted == 16
+    bad = corrupt(frags[2], "nan")
+    assert [ign.admit(bad, 0), ign.admit(bad, 0)] == ["non_finite", "duplicate"]  # rejected once, not twice
+    assert ign.stats.rejected == {"non_finite": 16}
+
+
+def test_seen_set_is_bounded_and_refuses_deliveries_older_than_its_window(tagged_fragments):
+    _, spec, frags = tagged_fragments
+    adm = Admission(spec, 2, 4, Duplicates.ignore, dedup_window=1)
+    a, b = frags[0], frags[4]  # same env instance, consecutive rollouts
+    assert (a.id.env_index, b.id.t_start) == (b.id.env_index, a.id.t_end + 1)
+    assert adm.admit(a, 0) is None and adm.admit(b, 0) is None
+    assert adm.admit(a, 0) == "too_old"  # forgotten, so refused rather than risk admitting it twice
+    assert all(len(order) <= 1 for order, _ in adm._seen.values())
+
+
+_mutations = st.sampled_from(["obs", "actions", "rewards", "terminated", "truncated", "logp", "values",
+                              "trunc_values", "last_obs"])
+_junk = st.one_of(
+    st.just(None), st.integers(-3, 3), st.floats(allow_nan=True, allow_infinity=True),
+    st.builds(lambda n, v: np.full(n, v), st.integers(0, 20), st.floats(allow_nan=True, allow_infinity=True)),
+    st.builds(lambda n, m: np.zeros((n, m), dtype=np.int8), st.integers(0, 20), st.integers(0, 5)),
+    st.builds(lambda n: np.ones(n, dtype=bool), st.integers(0, 20)),
+)
+_header = st.sampled_from(["actor_id", "incarnation", "env_index", "episode_id", "episode_t0", "t_start", "t_end",
+                           "behavior_version", "schema_version"])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(field=_mutations, junk=_junk, hfield=_header, hval=st.integers(-5, 10**6), which=st.integers(0, 7))
+def test_admission_fuzz_never_crashes_and_admits_only_well_formed(tagged_fragments, field, junk, hfield, hval, which):
+    _, spec, frags = tagged_fragments
+    f = dataclasses.replace(frags[which], **{field: junk})
+    g = dataclasses.replace(frags[which], id=dataclasses.replace(frags[which].id, **{hfield: hval}))
+    for cand in (f, g):
+        adm = Admission(spec, 2, 4, Duplicates.ignore)
+        reason = adm.admit(cand, learner_version=3)
+        if reason is None:
+            T = cand.id.t_end - cand.id.t_start + 1
+            assert cand.obs.shape == (T,) + spec.obs_shape and np.isfinite(cand.obs).all()
+            assert (cand.logp <= 0).all() and np.isfinite(cand.logp).all()
+            assert cand.id.behavior_version <= 3 and 0 <= cand.id.actor_id < 2
+        else:
+            assert isinstance(reason, str) and sum(adm.stats.rejected.values()) >= 0
+
+
+# ---- the tagged env and the audit --------------------------------------------------------------------------
+def test_audit_catches_a_fragment_attributed_to_the_wrong_env_or_episode(tagged_fragments):
+    _, _, frags = tagged_fragments
+    f = frags[1]
+    done = f.terminated | f.truncated
+    inst = 1 * 4 + f.id.env_index
+    assert audit_tags(f.obs, inst, f.id.episode_id, f.id.episode_t0, done) == 0
+    assert audit_tags(f.obs, inst + 1, f.id.episode_id, f.id.episode_t0, done) == 16
+    assert audit_tags(f.obs, inst, f.id.episode_id + 1, f.id.episode_t0, done) > 0
+    g = frags[5]  # the next fragment of the same env: joining it to f's slot must be detectable
+    assert audit_tags(g.obs, inst, f.id.episode_id, f.id.episode_t0, done) > 0
+
+
+def test_tagged_env_is_learnable(tmp_path):
+    s = run(cfg_of(runner={"name": "sync"}, total_env_steps=40_000, learner={"lr": 3e-3}), tmp_path)
+    assert s["transport"]["misattributed"] == 0
+    assert s["final_return_mean"] >= 20  # optimal 32; a uniform policy averages ~1
+
+
+# ---- faults, end to end ------------------------------------------------------------------------------------
+TRANSIT = {"drop_p": 0.05, "duplicate_p": 0.1, "reorder_p": 0.1, "delay_p": 0.1, "delay_fragments": 3,
+           "corrupt_p": 0.1}
+
+
+@pytest.mark.parametrize("runner", ["sync", "thread"])
+def test_missing_duplicated_delayed_reordered_and_corrupt_fragments_are_all_accounted(tmp_path, runner):
+    s = run(cfg_of(runner={"name": runner}, chaos={"name": "transit", **TRANSIT}), tmp_path)
+    t, c = s["transport"], s["chaos"]
+    assert c["duplicated"] > 0 and c["reordered"] > 0 and c["delayed"] > 0 and c["dropped_steps"] > 0
+    assert t["duplicates_detected"] == c["duplicated"]
+    assert t["dropped"].get("lost_in_transit", 0) == c["dropped_steps"]
+    assert {EXPECTED_REASON[k]: n for k, n in c["corrupted_steps"].items()} == t["rejected"]
+    assert t["misattributed"] == 0
+    assert balanced(t) and t["balanced"]
+
+
+def test_sync_runner_with_faults_is_reproducible(tmp_path):
+    a = run(cfg_of(runner={"name": "sync"}, chaos={"name": "transit", **TRANSIT}, seed=5), tmp_path / "a")
+    b = run(cfg_of(runner={"name": "sync"}, chaos={"name": "transit", **TRANSIT}, seed=5), tmp_path / "b")
+    assert a["chaos"] == b["chaos"] and a["transport"] == b["transport"]
+
+
+@pytest.mark.parametrize("runner", ["sync", "thread"])
+def test_scripted_actor_restart_mid_episode(tmp_path, runner):
+    s = run(cfg_of(runner={"name": runner, "actors_max_restarts": 10}, chaos={"name": "kill", "kill_every_steps": 1000}),
+            tmp_path)
+    t = s["transport"]
+    assert s["chaos"]["kills"] >= 2 and s["actor_restarts"] == s["chaos"]["kills"]
+    assert t["dropped"]["actor_crash"] > 0  # the part of the rollout not sent when it crashed
+    assert t["misattributed"] == 0  # nothing of a new incarnation was joined to the old one's episode
+    assert balanced(t) and s["status"] == "completed"
+
+
+def test_hung_actor_is_detected_by_heartbeat_and_replaced(tmp_path):
+    s = run(cfg_of(runner={"name": "thread", "heartbeat_timeout_s": 0.5, "actors_max_restarts": 5},
+                   chaos={"name": "hang", "hang_every_steps": 2000}), tmp_path)
+    assert s["chaos"]["hangs"] >= 1 and s["actor_restarts"] >= 1
+    assert s["transport"]["dropped"]["abandoned"] > 0
+    assert balanced(s["transport"]) and s["transport"]["misattributed"] == 0
+
+
+@pytest.mark.parametrize("runner,exc", [("sync", SyncActorFailed), ("thread", ActorFailed)])
+def test_exhausted_restarts_end_the_run_with_a_clear_error(tmp_path, runner, exc):
+    with pytest.raises(exc, match="actors_max_restarts=1"):
+        run(cfg_of(runner={"name": runner, "actors_max_restarts": 1}, chaos={"name": "kill", "kill_every_steps": 64}),
+            tmp_path)
+    import json
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["status"] == "failed" and "actors_max_restarts" in s["error"]
+
+
+@pytest.mark.parametrize("policy", ["block", "reject", "drop_oldest"])
+def test_queue_policies_under_a_stalled_learner(tmp_path, policy):
+    cfg = cfg_of(transport={"capacity": 6, "policy": policy}, chaos={"name": "stall", "stall_every_updates": 1,
+                                                                     "stall_s": 0.3},
+                 total_env_steps=4096)
+    s = run(cfg, tmp_path)
+    t = s["transport"]
+    assert t["queue"]["max_depth"] <= 6 and t["queue"]["max_bytes"] <= t["queue"]["max_bytes_bound"]
+    assert balanced(t) and s["chaos"]["stalls"] >= 1
+    if policy == "block":
+        assert t["queue"]["blocked_s"] > 0 and "overflow" not in t["dropped"] and "overflow" not in t["rejected"]
+    elif policy == "reject":
+        assert t["rejected"]["overflow"] > 0 and "overflow" not in t["dropped"]
+    else:
+        assert t["dropped"]["overflow"] > 0 and "overflow" not in t["rejected"]
+
+
+def test_resume_continues_the_version_sequence(tmp_path):
+    a = run(cfg_of(runner={"name": "sync"}, learner={"checkpoint_every": 2}), tmp_path / "a")
+    b = run(cfg_of(runner={"name": "sync"}, resume=str(tmp_path / "a"), total_env_steps=16384), tmp_path / "b")
+    assert b["start_version"] == a["policy_version"] == a["updates"] and b["start_env_steps"] == a["env_steps"]
+    df = pd.read_parquet(tmp_path / "b" / "metrics.parquet")
+    assert df["learner/version"].iloc[0] == a["policy_version"] + 1
+    assert df["env_steps"].iloc[0] > a["env_steps"] and b["env_steps"] <= 16384
+    assert b["policy_version"] == b["updates"] == a["policy_version"] + len(df)  # counters carried over
+    assert (tmp_path / "a" / "checkpoints" / "latest.pt").exists()
