@@ -227,3 +227,46 @@ def test_resume_continues_the_version_sequence(tmp_path):
     assert df["env_steps"].iloc[0] > a["env_steps"] and b["env_steps"] <= 16384
     assert b["policy_version"] == b["updates"] == a["policy_version"] + len(df)  # counters carried over
     assert (tmp_path / "a" / "checkpoints" / "latest.pt").exists()
+
+
+# ---- reassembly --------------------------------------------------------------------------------------------
+from laglab.fragment import chain_depths, successors  # noqa: E402
+
+
+def _join(a, b):
+    cat = lambda n: np.concatenate([getattr(a, n), getattr(b, n)])  # noqa: E731
+    fid = dataclasses.replace(a.id, t_end=b.id.t_end)
+    return dataclasses.replace(a, id=fid, obs=cat("obs"), actions=cat("actions"), rewards=cat("rewards"),
+                               terminated=cat("terminated"), truncated=cat("truncated"), logp=cat("logp"),
+                               values=cat("values"), trunc_values=cat("trunc_values"), last_obs=b.last_obs)
+
+
+def test_successors_need_proof_of_adjacency(tagged_fragments):
+    _, _, frags = tagged_fragments  # two rollouts of 4 envs: frags[e] is continued by frags[4 + e]
+    assert successors(frags).tolist() == [4, 5, 6, 7, -1, -1, -1, -1]
+    assert chain_depths(successors(frags)).tolist() == [1, 1, 1, 1, 0, 0, 0, 0]
+    # a restarted actor reuses its counters: same actor, env slot and t, new incarnation -> not a continuation
+    reborn = dataclasses.replace(frags[4], id=dataclasses.replace(frags[4].id, incarnation=8))
+    assert successors([frags[0], reborn]).tolist() == [-1, -1]
+    # the next fragment of another env instance of the same actor proves nothing either
+    assert successors([frags[0], frags[5]]).tolist() == [-1, -1]
+    # an episode id that does not follow from the dones breaks the chain too
+    wrong_ep = dataclasses.replace(frags[4], id=dataclasses.replace(frags[4].id, episode_id=frags[4].id.episode_id + 1))
+    assert successors([frags[0], wrong_ep]).tolist() == [-1, -1]
+
+
+@pytest.mark.parametrize("estimator", ["gae", "vtrace"])
+def test_chained_fragments_get_the_targets_of_one_long_sequence(tagged_fragments, estimator):
+    cfg, spec, frags = tagged_fragments
+    cfg = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, advantage=dataclasses.replace(
+        cfg.algo.advantage, estimator=estimator, lam=0.9, rho_bar=2.0, c_bar=1.0)))
+    learner = Learner(cfg, spec)
+    e = next(e for e in range(4) if not (frags[e].terminated | frags[e].truncated)[-1])  # a continues into b
+    a, b = frags[e], frags[4 + e]
+    adv, ret = learner.advantages([b, a])  # order in the batch does not matter
+    long_adv, long_ret = learner.advantages([_join(a, b)])
+    np.testing.assert_allclose(adv[:, 1].numpy(), long_adv[:16, 0].numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(adv[:, 0].numpy(), long_adv[16:, 0].numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ret[:, 1].numpy(), long_ret[:16, 0].numpy(), rtol=1e-5, atol=1e-6)
+    alone_adv, _ = learner.advantages([a])  # without its successor, a is bootstrapped from V(last obs)
+    assert abs(float(alone_adv[-1, 0]) - float(long_adv[15, 0])) > 1e-6

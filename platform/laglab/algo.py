@@ -7,7 +7,7 @@ handled by the caller by folding ``gamma * V(final_obs)`` into its reward and ma
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -16,17 +16,20 @@ LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
-def gae(rewards: Tensor, values: Tensor, bootstrap: Tensor, discounts: Tensor, lam: float) -> Tensor:
+def gae(rewards: Tensor, values: Tensor, bootstrap: Tensor, discounts: Tensor, lam: float,
+        carry: Optional[Tensor] = None) -> Tensor:
     """Generalized advantage estimation (Schulman et al. 2016).
 
     A_t = sum_k (prod_{i<k} discounts[t+i] * lam) * delta_{t+k},
     delta_t = r_t + discounts[t] * V_{t+1} - V_t, with V_T = bootstrap.
+    ``carry`` [N]: the advantage at the first step of a proven-adjacent next fragment (default 0: the
+    sequence ends here and is bootstrapped with V_T alone).
     """
     T = rewards.shape[0]
     next_values = torch.cat([values[1:], bootstrap.unsqueeze(0)], dim=0)
     deltas = rewards + discounts * next_values - values
     adv = torch.zeros_like(rewards)
-    acc = torch.zeros_like(bootstrap)
+    acc = torch.zeros_like(bootstrap) if carry is None else carry
     for t in range(T - 1, -1, -1):
         acc = deltas[t] + discounts[t] * lam * acc
         adv[t] = acc
@@ -48,6 +51,7 @@ def vtrace(
     rho_bar: float = 1.0,
     c_bar: float = 1.0,
     lam: float = 1.0,
+    carry: Optional[Tensor] = None,
 ) -> VTraceReturns:
     """V-trace targets (Espeholt et al. 2018, eq. 1), computed by the backward recursion
 
@@ -58,6 +62,7 @@ def vtrace(
     The returned advantage is ``r_s + discount_s * v_{s+1} - V(x_s)`` *without* the paper's rho_s factor:
     the PPO surrogate multiplies by its own (clipped) ratio pi_theta / mu, so applying rho_s here too would
     weight the policy gradient twice. On fresh data with lam=1 these are the n-step / GAE(1) targets.
+    ``carry`` [N]: v - V at the first step of a proven-adjacent next fragment (default 0).
     """
     with torch.no_grad():
         ratio = torch.exp(target_logp - behavior_logp)
@@ -67,12 +72,13 @@ def vtrace(
         deltas = rhos * (rewards + discounts * next_values - values)
         T = rewards.shape[0]
         vs_minus_v = torch.zeros_like(values)
-        acc = torch.zeros_like(bootstrap)
+        acc = torch.zeros_like(bootstrap) if carry is None else carry
+        boot_vs = bootstrap if carry is None else bootstrap + carry
         for t in range(T - 1, -1, -1):
             acc = deltas[t] + discounts[t] * cs[t] * acc
             vs_minus_v[t] = acc
         vs = vs_minus_v + values
-        next_vs = torch.cat([vs[1:], bootstrap.unsqueeze(0)], dim=0)
+        next_vs = torch.cat([vs[1:], boot_vs.unsqueeze(0)], dim=0)
         advantages = rewards + discounts * next_vs - values
     return VTraceReturns(vs, advantages)
 

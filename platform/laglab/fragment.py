@@ -6,7 +6,7 @@ or host boundary. Time runs along axis 0.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -57,3 +57,42 @@ class Fragment:
             self.values, self.trunc_values, self.last_obs, self.mean, self.log_std,
         )
         return sum(a.nbytes for a in arrays if isinstance(a, np.ndarray)) + 9 * 8
+
+
+def successors(frags: Sequence[Fragment]) -> np.ndarray:
+    """Reassembly: for each fragment, the index of the fragment that provably continues it, else -1.
+
+    Adjacency must be proven by identity — same actor incarnation, same env instance, ``t_start`` equal
+    to the previous ``t_end + 1``, and the episode id the previous fragment's dones lead to. Being the next
+    fragment from the same actor id or env slot proves nothing (a restarted actor reuses its counters under
+    a new incarnation). A gap leaves the fragment without a successor: its segment ends and is bootstrapped
+    from the value of its last observation.
+    """
+    index: Dict[Tuple[int, int, int], int] = {}
+    for j, f in enumerate(frags):
+        index.setdefault((f.id.incarnation, f.id.env_index, f.id.t_start), j)
+    succ = np.full(len(frags), -1, dtype=np.int64)
+    for i, f in enumerate(frags):
+        j = index.get((f.id.incarnation, f.id.env_index, f.id.t_end + 1))
+        if j is None or j == i:
+            continue
+        g = frags[j]
+        ends = int(np.count_nonzero(f.terminated | f.truncated))
+        if g.id.actor_id == f.id.actor_id and g.id.episode_id == f.id.episode_id + ends:
+            succ[i] = j
+    return succ
+
+
+def chain_depths(succ: np.ndarray) -> np.ndarray:
+    """Distance from each fragment to the end of its chain (0 = nothing follows it in the batch)."""
+    depth = np.full(len(succ), -1, dtype=np.int64)
+    for i in range(len(succ)):
+        path, j = [], i
+        while j >= 0 and depth[j] < 0 and len(path) <= len(succ):
+            path.append(j)
+            j = int(succ[j])
+        d = depth[j] + 1 if j >= 0 else 0
+        for k in reversed(path):
+            depth[k] = d
+            d += 1
+    return depth

@@ -15,7 +15,7 @@ from torch import nn
 from . import algo
 from .config import Config, Estimator, LossKind
 from .envs import EnvSpec, RunningMeanStd, normalize
-from .fragment import Fragment
+from .fragment import Fragment, chain_depths, successors
 from .policy import ActorCritic, Snapshot
 
 
@@ -34,6 +34,8 @@ class Batch(NamedTuple):
     rewards: torch.Tensor  # [T, N], truncation bootstraps folded in
     discounts: torch.Tensor  # [T, N]
     lags: np.ndarray  # [N] version lag per fragment
+    succ: np.ndarray  # [N] index of the proven-adjacent next fragment in the batch, or -1
+    depth: np.ndarray  # [N] distance to the end of its chain
 
 
 class Learner:
@@ -79,6 +81,7 @@ class Learner:
         stack = lambda name: torch.from_numpy(np.stack([getattr(f, name) for f in frags], axis=1))  # noqa: E731
         term, trunc = stack("terminated"), stack("truncated")
         gamma = self.cfg.algo.advantage.gamma
+        succ = successors(frags)
         return Batch(
             T=T, N=N, obs=obs,
             actions=actions.reshape((T * N,) + self.spec.action_shape),
@@ -88,21 +91,36 @@ class Learner:
             rewards=stack("rewards") + gamma * stack("trunc_values") * trunc.float(),
             discounts=gamma * (1.0 - (term | trunc).float()),
             lags=self.version - np.array([f.id.behavior_version for f in frags]),
+            succ=succ,
+            depth=chain_depths(succ),
         )
 
     @torch.no_grad()
     def _targets(self, b: "Batch"):
         """(advantages, value targets, values, current log-probs), all [T, N], under the current policy."""
-        adv_cfg = self.cfg.algo.advantage
+        a = self.cfg.algo.advantage
         values = self.model.value(b.obs).view(b.T, b.N)
         bootstrap = self.model.value(b.last_obs)
         cur_logp = self.model.logp_entropy(b.obs, b.actions)[0].view(b.T, b.N)
-        if adv_cfg.estimator == Estimator.gae:
-            adv = algo.gae(b.rewards, values, bootstrap, b.discounts, adv_cfg.lam)
-            returns = adv + values
-        else:
-            returns, adv = algo.vtrace(b.behavior_logp, cur_logp, b.rewards, values, bootstrap, b.discounts,
-                                       adv_cfg.rho_bar, adv_cfg.c_bar, adv_cfg.lam)
+        adv = torch.zeros_like(values)
+        returns = torch.zeros_like(values)
+        # reassembly: a fragment whose successor is proven (by identity) to be in the batch continues into
+        # it; chains are solved from their ends backwards, one depth level at a time
+        for d in range(int(b.depth.max()) + 1):
+            cols = torch.from_numpy(np.flatnonzero(b.depth == d))
+            nxt = torch.from_numpy(b.succ[cols.numpy()])
+            has = nxt >= 0
+            carry = torch.zeros(len(cols), dtype=values.dtype)
+            sl = lambda x: x[:, cols]  # noqa: E731
+            if a.estimator == Estimator.gae:
+                carry[has] = adv[0, nxt[has]]
+                adv[:, cols] = algo.gae(sl(b.rewards), sl(values), bootstrap[cols], sl(b.discounts), a.lam, carry)
+                returns[:, cols] = adv[:, cols] + values[:, cols]
+            else:
+                carry[has] = returns[0, nxt[has]] - values[0, nxt[has]]
+                vt = algo.vtrace(sl(b.behavior_logp), sl(cur_logp), sl(b.rewards), sl(values), bootstrap[cols],
+                                 sl(b.discounts), a.rho_bar, a.c_bar, a.lam, carry)
+                returns[:, cols], adv[:, cols] = vt.vs, vt.advantages
         return adv, returns, values, cur_logp
 
     def advantages(self, frags: Sequence[Fragment]):
