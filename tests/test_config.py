@@ -7,7 +7,6 @@ import sys
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf.errors import ConfigKeyError, ValidationError
 from hydra.errors import ConfigCompositionException
 
 from laglab.config import Config, ConfigError, Estimator, LossKind, register_configs, validate

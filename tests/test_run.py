@@ -84,7 +84,7 @@ def test_max_lead_steps_bounds_the_lag(tmp_path):
     df = pd.read_parquet(tmp_path / "metrics.parquet")
     assert df["lag/max"].max() <= 1
     assert sum(a["throttle_s"] for a in s["actors_stats"].values()) > 0
-    free = run(cfg_of(), tmp_path / "free")
+    run(cfg_of(), tmp_path / "free")
     assert pd.read_parquet(tmp_path / "free" / "metrics.parquet")["lag/max"].max() >= df["lag/max"].max()
 
 

@@ -1,7 +1,6 @@
 """Tracking: what an offline W&B run holds (read back with `wandb leet inspect --json`), agreement with the
 parquet store, disabled mode, multirun groups, and runs that are killed mid-way."""
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -4,7 +4,7 @@ throttle rule."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -12,7 +12,6 @@ import numpy as np
 from .config import Config
 from .envs import EnvGroup, RewardScaler, normalize
 from .fragment import Fragment, FragmentId
-from .envs import EnvSpec
 from .policy import InferencePolicy, Snapshot
 
 

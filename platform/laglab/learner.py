@@ -47,7 +47,7 @@ class Learner:
         self.obs_rms = RunningMeanStd(spec.obs_shape)
         self.version = 0
         self.updates = 0
-        self.consumed: Dict[int, int] = collections.defaultdict(int)  # incarnation -> steps taken off the queue
+        self.consumed: Dict[int, int] = collections.defaultdict(int)  # incarnation -> watermark (see take)
         self.trained_steps = 0
         self.gen = torch.Generator().manual_seed(int(cfg.seed) + 7919)
 
