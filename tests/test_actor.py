@@ -36,6 +36,7 @@ def test_fragments_are_contiguous_and_identified():
     for e, (f1, f2) in enumerate(zip(r1.fragments, r2.fragments)):
         for f in (f1, f2):
             assert (f.id.actor_id, f.id.incarnation, f.id.env_index) == (2, 9, e)
+            assert not f.obs.flags.writeable and not f.rewards.flags.writeable  # sealed once emitted
             assert f.length == 16 and f.id.length == 16 and f.id.behavior_version == 0
             assert not (f.terminated & f.truncated).any()
         assert f2.id.t_start == f1.id.t_end + 1

@@ -73,7 +73,9 @@ def test_wandb_scalars_agree_with_metrics_parquet(offline_run):
         for k in ["losses/policy_loss", "losses/approx_kl", "lag/mean", "transport/queue_depth", "charts/sps"]:
             assert r[k] == pytest.approx(p[k], rel=1e-6, abs=1e-9), k
     hist = pd.read_parquet(offline_run / "histograms.parquet")
-    assert set(hist["metric"]) == {"lag/version_lag", "transport/age_s"}
+    assert set(hist["metric"]) == {"lag/version_lag", "transport/age_s", "transport/coverage"}
+    cov = hist[hist["metric"] == "transport/coverage"].iloc[-1]["values"]
+    assert len(cov) == 8 and sum(cov) == df.iloc[-1]["transport/admitted"]  # 2 actors x 4 envs
     actors = pd.read_parquet(offline_run / "actors.parquet")
     assert set(actors["actor"]) == {0, 1} and len(actors) == 32
     s = json.loads((offline_run / "summary.json").read_text())

@@ -163,7 +163,7 @@ class Actor:
                 behavior_version=version,
             )
             frags.append(
-                Fragment(
+                Fragment.sealed(
                     id=fid,
                     obs=obs_buf[:, e].copy(),
                     actions=act_buf[:, e].copy(),

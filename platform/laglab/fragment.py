@@ -45,6 +45,14 @@ class Fragment:
     mean: Optional[np.ndarray] = None  # [T, A] Gaussian mean (continuous actions)
     log_std: Optional[np.ndarray] = None  # [T, A] Gaussian log-std (continuous actions)
 
+    @classmethod
+    def sealed(cls, **fields) -> "Fragment":
+        """A fragment whose arrays are read-only: once emitted it cannot change (a retry re-sends it as is)."""
+        for v in fields.values():
+            if isinstance(v, np.ndarray):
+                v.setflags(write=False)
+        return cls(**fields)
+
     @property
     def length(self) -> int:
         """Transitions the header claims (admission checks that the arrays agree); used for accounting."""

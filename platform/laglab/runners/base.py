@@ -268,6 +268,7 @@ class LearnerDriver:
         m["transport/age_s_mean"] = float(np.mean(ages))
         m["transport/age_s_max"] = float(np.max(ages))
         m["transport/admitted"] = float(self.acct.trained)
+        m["transport/admitted_fragments"] = float(self.admission.stats.admitted_fragments)
         m["transport/bytes_admitted"] = float(self.admission.stats.bytes_admitted)
         m["transport/duplicates"] = float(self.admission.stats.duplicates_detected)
         m["transport/misattributed"] = float(self.acct.misattributed)
@@ -283,7 +284,9 @@ class LearnerDriver:
         if every and self.checkpoint_dir is not None and self.learner.updates % every == 0:
             self.learner.save_checkpoint(self.checkpoint_dir / "latest.pt", self.budget.used)
         # per-transition version lag (fragments have equal length, so per-fragment values weigh the same)
-        hists = {"lag/version_lag": lags, "transport/age_s": np.asarray(ages)}
+        hists = {"lag/version_lag": lags, "transport/age_s": np.asarray(ages),
+                 # coverage: admitted steps so far per env instance (a skew shows which envs data is lost from)
+                 "transport/coverage": np.fromiter(self.acct.coverage.values(), dtype=np.float64)}
         row = self.tracker.log_update(m, self.budget.used, hists, self.actors())
         ch = self.cfg.chaos
         if ch.stall_every_updates and self.learner.updates % ch.stall_every_updates == 0 and ch.stall_s > 0:
