@@ -270,3 +270,15 @@ def test_chained_fragments_get_the_targets_of_one_long_sequence(tagged_fragments
     np.testing.assert_allclose(ret[:, 1].numpy(), long_ret[:16, 0].numpy(), rtol=1e-5, atol=1e-6)
     alone_adv, _ = learner.advantages([a])  # without its successor, a is bootstrapped from V(last obs)
     assert abs(float(alone_adv[-1, 0]) - float(long_adv[15, 0])) > 1e-6
+
+
+@pytest.mark.parametrize("policy", ["reject", "drop_oldest"])
+def test_duplicates_discarded_by_the_queue_are_not_counted_as_lost_data(tmp_path, policy):
+    # the first delivery of a fragment decides its fate; an evicted or refused re-delivery is a duplicate
+    cfg = cfg_of(transport={"capacity": 4, "policy": policy},
+                 chaos={"name": "dup", "duplicate_p": 0.5, "stall_every_updates": 2, "stall_s": 0.2})
+    s = run(cfg, tmp_path)
+    t, c = s["transport"], s["chaos"]
+    assert t["duplicates_detected"] == c["duplicated"] > 0
+    assert t["dropped"].get("overflow", 0) + t["rejected"].get("overflow", 0) > 0
+    assert balanced(t)

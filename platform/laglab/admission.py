@@ -18,6 +18,7 @@ duplicate twice. Its memory is O(incarnations x envs x dedup_window).
 from __future__ import annotations
 
 import collections
+import threading
 from dataclasses import dataclass, field
 from typing import Deque, Dict, Optional, Set, Tuple
 
@@ -39,6 +40,7 @@ class AdmissionStats:
     duplicates_detected: int = 0  # deliveries of a fragment already seen (fragments)
     duplicate_steps_admitted: int = 0  # transitions admitted again under duplicates=charge
     rejected: Dict[str, int] = field(default_factory=collections.Counter)  # steps by reason
+    discarded: Dict[Tuple[str, str], int] = field(default_factory=collections.Counter)  # by the transport
 
 
 def validate(frag: Fragment, spec: EnvSpec, n_actors: int, envs_per_actor: int, learner_version: int) -> Optional[str]:
@@ -107,6 +109,7 @@ class Admission:
         self.window = dedup_window
         self.stats = AdmissionStats()
         self._seen: Dict[Tuple[int, int], Tuple[Deque[int], Set[int]]] = {}
+        self._lock = threading.Lock()  # the transport may report discards from actor threads
 
     def _duplicate(self, frag: Fragment) -> Optional[str]:
         """'duplicate', 'too_old' or None; records the delivery."""
@@ -123,7 +126,23 @@ class Admission:
             seen.discard(order.popleft())
         return None
 
+    def discard(self, frag: Fragment, bucket: str, reason: str) -> None:
+        """The transport refused or evicted ``frag`` before admission. The first delivery of a fragment
+        decides its fate: a discarded copy of an already-seen fragment only counts as a duplicate, and a
+        later copy of a discarded one is a duplicate too."""
+        with self._lock:
+            dup = self._duplicate(frag) if validate(frag, self.spec, self.n_actors, self.envs_per_actor,
+                                                    2**62) not in ("identity", "malformed") else None
+            if dup == "duplicate":
+                self.stats.duplicates_detected += 1
+            else:
+                self.stats.discarded[(bucket, reason)] += frag.length
+
     def admit(self, frag: Fragment, learner_version: int) -> Optional[str]:
+        with self._lock:
+            return self._admit(frag, learner_version)
+
+    def _admit(self, frag: Fragment, learner_version: int) -> Optional[str]:
         """None if ``frag`` may go to the learner; ``"charged"`` for a duplicate admitted again under
         ``charge``; otherwise the reason it was refused (and counted). A duplicate refused under
         ``ignore`` returns ``"duplicate"`` and is not a rejection of produced data: its first delivery

@@ -38,7 +38,11 @@ class FragmentQueue:
     is counted by reason.
     """
 
-    def __init__(self, capacity: int, max_bytes: int, policy: Overflow = Overflow.block):
+    def __init__(self, capacity: int, max_bytes: int, policy: Overflow = Overflow.block,
+                 on_discard: Optional[Callable[[Fragment, str, str], None]] = None):
+        """``on_discard(fragment, "dropped" | "rejected", reason)`` is told of every fragment the queue
+        refuses or evicts (the learner side uses it to tell a discarded re-delivery from lost data)."""
+        self.on_discard = on_discard
         self.capacity = capacity
         self.max_bytes = max_bytes
         self.policy = Overflow(policy)
@@ -59,17 +63,17 @@ class FragmentQueue:
         steps = frag.length
         with self._cv:
             if nbytes > self.max_bytes:
-                self.stats.rejected_steps["too_large"] += steps
+                self._discard(frag, "rejected", "too_large")
                 return False
             if not self._fits(nbytes):
                 if self.policy == Overflow.reject:
-                    self.stats.rejected_steps["overflow"] += steps
+                    self._discard(frag, "rejected", "overflow")
                     return False
                 if self.policy == Overflow.drop_oldest:
                     while not self._fits(nbytes):
                         old, old_bytes, _ = self._items.popleft()
                         self._bytes -= old_bytes
-                        self.stats.dropped_steps["overflow"] += old.length
+                        self._discard(old, "dropped", "overflow")
                 else:
                     t0 = time.perf_counter()
                     while not self._fits(nbytes) and not self._closed:
@@ -87,6 +91,11 @@ class FragmentQueue:
             self.stats.max_bytes = max(self.stats.max_bytes, self._bytes)
             self._cv.notify_all()
             return True
+
+    def _discard(self, frag: Fragment, bucket: str, reason: str) -> None:
+        (self.stats.dropped_steps if bucket == "dropped" else self.stats.rejected_steps)[reason] += frag.length
+        if self.on_discard is not None:
+            self.on_discard(frag, bucket, reason)
 
     def get(self, timeout: float) -> Optional[Tuple[Fragment, float]]:
         """Dequeue the oldest fragment and its age in seconds, or None after ``timeout``."""
@@ -107,8 +116,8 @@ class FragmentQueue:
         with self._cv:
             self._closed = True
             left = sum(f.length for f, _, _ in self._items)
-            if left:
-                self.stats.dropped_steps["shutdown"] += left
+            for f, _, _ in self._items:
+                self._discard(f, "dropped", "shutdown")
             self._items.clear()
             self._bytes = 0
             self._cv.notify_all()

@@ -301,18 +301,17 @@ class LearnerDriver:
             self.acct.dropped[reason] += n
         self.pending, self._ages = [], []
 
-    def close(self, counts: SharedCounts, queue_dropped: Mapping[str, int], queue_rejected: Mapping[str, int]
-              ) -> Accounting:
+    def close(self, counts: SharedCounts) -> Accounting:
         """Final accounting, once no actor can produce any more."""
         self.drop_pending("shutdown")
         acct = self.acct
         acct.produced = counts.produced
-        for src in (counts.dropped, queue_dropped):
-            for reason, n in src.items():
-                acct.dropped[reason] += n
-        for src in (self.admission.stats.rejected, queue_rejected):
-            for reason, n in src.items():
-                acct.rejected[reason] += n
+        for reason, n in counts.dropped.items():
+            acct.dropped[reason] += n
+        for reason, n in self.admission.stats.rejected.items():
+            acct.rejected[reason] += n
+        for (bucket, reason), n in self.admission.stats.discarded.items():  # refused/evicted by the transport
+            (acct.dropped if bucket == "dropped" else acct.rejected)[reason] += n
         acct.dropped["lost_in_transit"] += counts.chaos.dropped_steps
         acct.dropped = collections.Counter({k: v for k, v in acct.dropped.items() if v})
         return acct

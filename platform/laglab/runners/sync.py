@@ -62,7 +62,7 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
     finally:
         for s in slots:
             s.actor.close()
-    acct = driver.close(counts, {}, {})
+    acct = driver.close(counts)
     out = transport_summary(acct, admission, counts.chaos, sum(restarts))
     out["chaos"]["stalls"] = driver.stalls
     out.update({"accounting": acct, "actor_stats": {s.actor_id: s.stats for s in slots}, "env_steps": budget.used})

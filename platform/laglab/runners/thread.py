@@ -45,7 +45,10 @@ class Slot:
 
 def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: Budget, run_dir) -> Dict[str, Any]:
     store = PolicyStore(learner.snapshot())
-    queue = FragmentQueue(cfg.transport.capacity, cfg.transport.max_bytes, cfg.transport.policy)
+    admission = Admission(spec, cfg.actors, cfg.actor.envs_per_actor, cfg.transport.duplicates,
+                          cfg.transport.dedup_window)
+    queue = FragmentQueue(cfg.transport.capacity, cfg.transport.max_bytes, cfg.transport.policy,
+                          on_discard=admission.discard)
     stop = threading.Event()
     counts = SharedCounts()
     incarnations = itertools.count(1)
@@ -131,8 +134,6 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
                 **counters("transport/dropped", dropped),
                 **counters("transport/refused_by_queue", queue.stats.rejected_steps)}
 
-    admission = Admission(spec, cfg.actors, cfg.actor.envs_per_actor, cfg.transport.duplicates,
-                          cfg.transport.dedup_window)
     driver = LearnerDriver(cfg, learner, tracker, budget, admission, publish=store.publish, gauges=gauges,
                            actors=lambda: {s.actor_id: s.stats for s in slots},
                            checkpoint_dir=run_dir / "checkpoints")
@@ -159,7 +160,7 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
         for slot in slots:
             if slot.thread is not None:
                 slot.thread.join(timeout=30)
-    acct = driver.close(counts, queue.stats.dropped_steps, queue.stats.rejected_steps)
+    acct = driver.close(counts)
     restarts = sum(s.restarts for s in slots)
     queue_info = {"max_depth": queue.stats.max_depth, "max_bytes": queue.stats.max_bytes,
                   "blocked_s": queue.stats.blocked_s, "capacity": queue.capacity, "max_bytes_bound": queue.max_bytes}
