@@ -96,3 +96,12 @@ def test_train_py_refuses_bad_overrides_before_starting(args, needle):
     err = p.stderr + p.stdout
     assert needle in err
     assert "laglab: ppo on" not in err  # nothing started
+
+
+def test_sweep_files_compose():
+    sweeps = os.path.join(ROOT, "sweeps")
+    for name in sorted(f[:-5] for f in os.listdir(sweeps) if f.endswith(".yaml")):
+        p = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--config-dir", sweeps, "--config-name",
+                            name, "--cfg", "hydra"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert p.returncode == 0, p.stderr
+        assert "params:" in p.stdout and "seed:" in p.stdout

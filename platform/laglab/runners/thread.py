@@ -87,7 +87,8 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
         except Closed:
             inc.crashed()
         except BaseException:  # noqa: BLE001 - reported to the supervisor (the learner thread)
-            slot.error = f"actor {inc.actor_id} (incarnation {inc.incarnation}) failed:\n{traceback.format_exc()}"
+            if slot.inc is inc:  # an abandoned incarnation no longer speaks for its slot
+                slot.error = f"actor {inc.actor_id} (incarnation {inc.incarnation}) failed:\n{traceback.format_exc()}"
             inc.crashed()
 
     def start(slot: Slot) -> None:
