@@ -97,7 +97,40 @@ def test_seen_set_is_bounded_and_refuses_deliveries_older_than_its_window(tagged
     assert (a.id.env_index, b.id.t_start) == (b.id.env_index, a.id.t_end + 1)
     assert adm.admit(a, 0) is None and adm.admit(b, 0) is None
     assert adm.admit(a, 0) == "too_old"  # forgotten, so refused rather than risk admitting it twice
-    assert all(len(order) <= 1 for order, _ in adm._seen.values())
+    assert all(len(order) <= 1 for order, _, _ in adm._seen.values())
+
+
+def test_a_discarded_copy_never_takes_the_place_of_the_copy_that_arrived(tagged_fragments):
+    _, spec, frags = tagged_fragments
+    adm = Admission(spec, 2, 4, Duplicates.ignore)
+    adm.discard(frags[0], "rejected", "overflow")  # copy 2 refused by a full queue ...
+    assert adm.admit(frags[0], 0) is None  # ... copy 1, queued earlier, is the fragment
+    assert adm.stats.duplicates_detected == 1 and sum(adm.stats.discarded.values()) == 0
+    assert adm.stats.admitted_steps == 16
+    adm.discard(frags[0], "dropped", "overflow")  # a third copy evicted later: a duplicate, not lost data
+    assert adm.stats.duplicates_detected == 2 and sum(adm.stats.discarded.values()) == 0
+    adm.discard(frags[1], "dropped", "overflow")  # a fragment whose only copy was evicted: lost, counted
+    assert +adm.stats.discarded == {("dropped", "overflow"): 16}  # (+ drops the reasons now at zero)
+
+
+def test_fragments_of_another_length_than_the_rollout_are_refused(tagged_fragments):
+    _, spec, frags = tagged_fragments
+    f = _join(frags[0], frags[4])  # self-consistent, 32 steps
+    assert validate(f, spec, 2, 4, 0) is None
+    assert Admission(spec, 2, 4, Duplicates.ignore, rollout_len=16).admit(f, 0) == "length"
+
+
+def test_too_old_uses_the_largest_forgotten_timestep(tagged_fragments):
+    _, spec, frags = tagged_fragments
+    a, b, c = frags[0], frags[4], _shift(frags[4], 16)
+    adm = Admission(spec, 2, 4, Duplicates.ignore, dedup_window=1)
+    assert adm.admit(b, 0) is None and adm.admit(a, 0) is None  # reordered: b (t=16) arrives before a (t=0)
+    assert adm.admit(c, 0) is None  # forgets a (t=0)... and b (t=16) was forgotten before: floor is 16
+    assert adm.admit(b, 0) == "too_old"  # a late re-delivery of b is not admitted twice
+
+
+def _shift(f, dt):
+    return dataclasses.replace(f, id=dataclasses.replace(f.id, t_start=f.id.t_start + dt, t_end=f.id.t_end + dt))
 
 
 _mutations = st.sampled_from(["obs", "actions", "rewards", "terminated", "truncated", "logp", "values",

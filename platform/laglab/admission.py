@@ -12,15 +12,17 @@ behavior version newer than the learner's.
 Duplicates (same actor incarnation, env instance and first timestep) follow ``transport.duplicates``:
 ``ignore`` admits the first delivery only, ``charge`` admits every delivery; both count them. The seen-set
 is bounded: per (incarnation, env instance) it keeps the first timesteps of the last ``dedup_window``
-fragments; a delivery older than that window is refused as ``too_old`` rather than risk admitting a
-duplicate twice. Its memory is O(incarnations x envs x dedup_window).
+fragments; a delivery at or below the largest first timestep it has forgotten is refused as ``too_old``
+rather than risk admitting a duplicate twice. Its memory is O(incarnations x envs x dedup_window). A
+fragment whose length differs from ``actor.rollout_len`` is refused as ``length`` (a batch is whole
+fragments of that length).
 """
 from __future__ import annotations
 
 import collections
 import threading
 from dataclasses import dataclass, field
-from typing import Deque, Dict, Optional, Set, Tuple
+from typing import Deque, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
@@ -97,71 +99,111 @@ def _validate(frag: Fragment, spec: EnvSpec, n_actors: int, envs_per_actor: int,
     return None
 
 
+def claimed_steps(frag: Fragment) -> int:
+    try:
+        return int(frag.length)
+    except Exception:  # noqa: BLE001 - a header too broken to say how long it is
+        return 0
+
+
 class Admission:
-    """Validation + duplicate policy + counters, in front of the learner."""
+    """Validation + duplicate policy + counters, in front of the learner. Thread-safe: the transport
+    reports what it discards (``discard``) from actor threads."""
 
     def __init__(self, spec: EnvSpec, n_actors: int, envs_per_actor: int, duplicates: Duplicates,
-                 dedup_window: int = 64):
+                 dedup_window: int = 64, rollout_len: Optional[int] = None):
         self.spec = spec
         self.n_actors = n_actors
         self.envs_per_actor = envs_per_actor
+        self.rollout_len = rollout_len
         self.duplicates = Duplicates(duplicates)
         self.window = dedup_window
         self.stats = AdmissionStats()
-        self._seen: Dict[Tuple[int, int], Tuple[Deque[int], Set[int]]] = {}
-        self._lock = threading.Lock()  # the transport may report discards from actor threads
+        # per (incarnation, env): arrival order, the set of first timesteps seen, and a floor (the largest
+        # first timestep forgotten): anything at or below the floor that is not remembered is too old
+        self._seen: Dict[Tuple[int, int], Tuple[Deque[int], Set[int], List[int]]] = {}
+        # fragments the transport discarded before any copy was admitted: (key, t_start) -> (bucket, reason, steps)
+        self._discarded: "collections.OrderedDict[Tuple[Tuple[int, int], int], Tuple[str, str, int]]" = \
+            collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def _validate(self, frag: Fragment, learner_version: int) -> Optional[str]:
+        reason = validate(frag, self.spec, self.n_actors, self.envs_per_actor, learner_version)
+        if reason is None and self.rollout_len is not None and frag.id.length != self.rollout_len:
+            return "length"
+        return reason
+
+    def _slot(self, frag: Fragment):
+        return self._seen.setdefault((frag.id.incarnation, frag.id.env_index), (collections.deque(), set(), [-1]))
 
     def _duplicate(self, frag: Fragment) -> Optional[str]:
         """'duplicate', 'too_old' or None; records the delivery."""
-        key = (frag.id.incarnation, frag.id.env_index)
-        order, seen = self._seen.setdefault(key, (collections.deque(), set()))
+        order, seen, floor = self._slot(frag)
         t = frag.id.t_start
         if t in seen:
             return "duplicate"
-        if len(order) >= self.window and t < min(order):
+        if t <= floor[0]:
             return "too_old"
         order.append(t)
         seen.add(t)
         if len(order) > self.window:
-            seen.discard(order.popleft())
+            old = order.popleft()
+            seen.discard(old)
+            floor[0] = max(floor[0], old)
         return None
 
     def discard(self, frag: Fragment, bucket: str, reason: str) -> None:
-        """The transport refused or evicted ``frag`` before admission. The first delivery of a fragment
-        decides its fate: a discarded copy of an already-seen fragment only counts as a duplicate, and a
-        later copy of a discarded one is a duplicate too."""
+        """The transport refused or evicted ``frag`` (``bucket`` is "dropped" or "rejected"). Exactly one
+        copy of a fragment is its fate: a discarded copy of an admitted fragment, or a second discarded
+        copy, only counts as a duplicate; a discarded fragment whose other copy is admitted later is
+        moved from the discard counts to the duplicates then."""
+        steps = claimed_steps(frag)
         with self._lock:
-            dup = self._duplicate(frag) if validate(frag, self.spec, self.n_actors, self.envs_per_actor,
-                                                    2**62) not in ("identity", "malformed") else None
-            if dup == "duplicate":
+            if validate(frag, self.spec, self.n_actors, self.envs_per_actor, 2**62) in ("identity", "malformed"):
+                self.stats.discarded[(bucket, reason)] += steps
+                return
+            key = ((frag.id.incarnation, frag.id.env_index), frag.id.t_start)
+            if frag.id.t_start in self._slot(frag)[1] or key in self._discarded:
                 self.stats.duplicates_detected += 1
-            else:
-                self.stats.discarded[(bucket, reason)] += frag.length
+                return
+            self._discarded[key] = (bucket, reason, steps)
+            self.stats.discarded[(bucket, reason)] += steps
+            if len(self._discarded) > self.window * max(1, self.n_actors * self.envs_per_actor):
+                self._discarded.popitem(last=False)  # bounded like the seen-set
 
     def admit(self, frag: Fragment, learner_version: int) -> Optional[str]:
-        with self._lock:
-            return self._admit(frag, learner_version)
-
-    def _admit(self, frag: Fragment, learner_version: int) -> Optional[str]:
         """None if ``frag`` may go to the learner; ``"charged"`` for a duplicate admitted again under
         ``charge``; otherwise the reason it was refused (and counted). A duplicate refused under
         ``ignore`` returns ``"duplicate"`` and is not a rejection of produced data: its first delivery
         was admitted."""
-        reason = validate(frag, self.spec, self.n_actors, self.envs_per_actor, learner_version)
+        with self._lock:
+            return self._admit(frag, learner_version)
+
+    def _admit(self, frag: Fragment, learner_version: int) -> Optional[str]:
+        steps = claimed_steps(frag)
+        reason = self._validate(frag, learner_version)
+        trusted = reason not in ("identity", "malformed")
+        if trusted:
+            key = ((frag.id.incarnation, frag.id.env_index), frag.id.t_start)
+            earlier = self._discarded.pop(key, None)
+            if earlier is not None and frag.id.t_start not in self._slot(frag)[1]:
+                b, r, n = earlier  # a copy was discarded on the way; this one arrived and is the fragment
+                self.stats.discarded[(b, r)] -= n
+                self.stats.duplicates_detected += 1
         # a re-delivery is a duplicate whatever its payload: a bad fragment delivered twice is rejected once
-        dup = self._duplicate(frag) if reason not in ("identity", "malformed") else None
+        dup = self._duplicate(frag) if trusted else None
         if dup == "duplicate":
             self.stats.duplicates_detected += 1
             if self.duplicates == Duplicates.ignore or reason is not None:
                 return "duplicate"
-            self.stats.duplicate_steps_admitted += frag.length  # charged: admitted again, outside `produced`
+            self.stats.duplicate_steps_admitted += steps  # charged: admitted again, outside `produced`
         elif dup is not None and reason is None:
             reason = dup
         if reason is not None:
-            self.stats.rejected[reason] += frag.length
+            self.stats.rejected[reason] += steps
             return reason
         if dup is None:
-            self.stats.admitted_steps += frag.length
+            self.stats.admitted_steps += steps
         self.stats.admitted_fragments += 1
         self.stats.bytes_admitted += frag.nbytes
         return None if dup is None else "charged"

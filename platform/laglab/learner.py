@@ -144,6 +144,7 @@ class Learner:
             for g in self.opt.param_groups:
                 g["lr"] = lc.lr * frac
         b_adv, b_ret, b_old = adv.reshape(-1), returns.reshape(-1), b.behavior_logp.reshape(-1)
+        b_start = cur_logp.reshape(-1)  # the policy at the start of this update
         B = b.T * b.N
         mb = B // lc.minibatches
         loss_cfg = ac.loss
@@ -171,8 +172,8 @@ class Learner:
                 loss.backward()
                 nn.utils.clip_grad_norm_(self.model.parameters(), loss_cfg.max_grad_norm)
                 self.opt.step()
-                with torch.no_grad():
-                    kl = float(algo.approx_kl_k3(logp, b_old[idx]))
+                with torch.no_grad():  # how far this update moved the policy (staleness is lag/kl_behavior)
+                    kl = float(algo.approx_kl_k3(logp, b_start[idx]))
                 kl_epoch.append(kl)
                 sums["policy_loss"] += float(info.loss.detach())
                 sums["value_loss"] += float(v_loss.detach())

@@ -123,6 +123,11 @@ class FragmentQueue:
             self._cv.notify_all()
             return left
 
+    def counts(self):
+        """(dropped, rejected) steps by reason, copied under the queue's lock (producers add to them)."""
+        with self._cv:
+            return dict(self.stats.dropped_steps), dict(self.stats.rejected_steps)
+
     @property
     def depth(self) -> int:
         return len(self._items)

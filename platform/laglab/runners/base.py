@@ -76,22 +76,22 @@ class SharedCounts:
     """Counters actor threads add to (produced steps, data lost on the actor side, chaos events)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self.produced = 0
         self.dropped: Dict[str, int] = collections.Counter()
         self.chaos = ChaosCounts()
 
     def add_produced(self, n: int) -> None:
-        with self._lock:
+        with self.lock:
             self.produced += n
 
     def add_dropped(self, reason: str, n: int) -> None:
         if n:
-            with self._lock:
+            with self.lock:
                 self.dropped[reason] += n
 
     def add_chaos(self, counts: ChaosCounts) -> None:
-        with self._lock:
+        with self.lock:
             self.chaos.merge(counts)
 
 
@@ -159,8 +159,17 @@ class Incarnation:
             except _Undelivered as u:  # the run is stopping: what was not delivered is dropped, and counted
                 self.counts.add_dropped("shutdown", u.steps + sum(g.length for g in frags[k + 1:]) + ch.held_steps())
                 ch.flush()
+                self.counts.add_chaos(ch.counts)
                 raise u.closed
         return True
+
+    def release_held(self, send: Callable[[Fragment], None]) -> None:
+        """Deliver what chaos holds back now (before the actor pauses: a delay must not last forever)."""
+        try:
+            _deliver(self.channel.flush(), send)
+        except _Undelivered as u:
+            self.counts.add_dropped("shutdown", u.steps)
+            raise u.closed
 
     def finish(self, send: Callable[[Fragment], None]) -> None:
         """Normal end of this incarnation: deliver whatever chaos still holds back, record chaos counts."""
@@ -314,6 +323,7 @@ class LearnerDriver:
             (acct.dropped if bucket == "dropped" else acct.rejected)[reason] += n
         acct.dropped["lost_in_transit"] += counts.chaos.dropped_steps
         acct.dropped = collections.Counter({k: v for k, v in acct.dropped.items() if v})
+        acct.rejected = collections.Counter({k: v for k, v in acct.rejected.items() if v})
         return acct
 
 

@@ -30,7 +30,7 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
     restarts = [0] * cfg.actors
     snap = [learner.snapshot()]
     admission = Admission(spec, cfg.actors, cfg.actor.envs_per_actor, cfg.transport.duplicates,
-                          cfg.transport.dedup_window)
+                          cfg.transport.dedup_window, cfg.actor.rollout_len)
     driver = LearnerDriver(cfg, learner, tracker, budget, admission, publish=lambda s: snap.__setitem__(0, s),
                            gauges=lambda: {"transport/queue_depth": 0.0, "transport/queue_bytes": 0.0,
                                            **counters("transport/dropped", counts.dropped)},

@@ -46,7 +46,7 @@ class Slot:
 def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: Budget, run_dir) -> Dict[str, Any]:
     store = PolicyStore(learner.snapshot())
     admission = Admission(spec, cfg.actors, cfg.actor.envs_per_actor, cfg.transport.duplicates,
-                          cfg.transport.dedup_window)
+                          cfg.transport.dedup_window, cfg.actor.rollout_len)
     queue = FragmentQueue(cfg.transport.capacity, cfg.transport.max_bytes, cfg.transport.policy,
                           on_discard=admission.discard)
     stop = threading.Event()
@@ -55,6 +55,7 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
     max_lead = cfg.actor.max_lead_steps
     poll = cfg.runner.poll_s
     slots: List[Slot] = [Slot(i) for i in range(cfg.actors)]
+    abandoned: List[threading.Thread] = []
 
     def actor_main(slot: Slot, inc: Incarnation) -> None:
         def send(frag) -> None:
@@ -72,6 +73,7 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
                 snap = store.latest()
                 pause, _ = throttle_state(inc.produced, snap, inc.incarnation, max_lead)
                 if pause:
+                    inc.release_held(send)
                     t0 = time.perf_counter()
                     while pause and not stop.is_set():
                         inc.beat()
@@ -81,7 +83,8 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
                     continue
                 if not inc.produce(snap, budget, tracker, send, wait_hung):
                     inc.finish(send)
-                    slot.finished = True
+                    if slot.inc is inc:
+                        slot.finished = True
                     return
             inc.finish(send)
         except Closed:
@@ -120,20 +123,24 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
                 if now >= slot.start_at:
                     start(slot)
             elif not slot.thread.is_alive():
+                if slot.finished:  # it finished between the check above and now
+                    continue
                 schedule_restart(slot, slot.error or "exited")
             elif now - slot.inc.last_beat > cfg.runner.heartbeat_timeout_s:
                 slot.inc.abandoned.set()  # the old thread drops what it holds if it ever wakes up
+                abandoned.append(slot.thread)
                 schedule_restart(slot, f"no heartbeat for {cfg.runner.heartbeat_timeout_s}s "
                                        "(runner.heartbeat_timeout_s)")
         return live
 
     def gauges() -> Dict[str, float]:
-        dropped = collections.Counter(counts.dropped)
-        dropped.update(queue.stats.dropped_steps)
+        q_dropped, q_rejected = queue.counts()
+        with counts.lock:
+            dropped = collections.Counter(counts.dropped)
+        dropped.update(q_dropped)
         dropped["lag"] += driver.acct.dropped.get("lag", 0)
         return {"transport/queue_depth": float(queue.depth), "transport/queue_bytes": float(queue.bytes),
-                **counters("transport/dropped", dropped),
-                **counters("transport/refused_by_queue", queue.stats.rejected_steps)}
+                **counters("transport/dropped", dropped), **counters("transport/refused_by_queue", q_rejected)}
 
     driver = LearnerDriver(cfg, learner, tracker, budget, admission, publish=store.publish, gauges=gauges,
                            actors=lambda: {s.actor_id: s.stats for s in slots},
@@ -158,9 +165,8 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
         stop.set()
         store.wake()
         queue.close()
-        for slot in slots:
-            if slot.thread is not None:
-                slot.thread.join(timeout=30)
+        for t in [s.thread for s in slots if s.thread is not None] + abandoned:
+            t.join(timeout=30)
     acct = driver.close(counts)
     restarts = sum(s.restarts for s in slots)
     queue_info = {"max_depth": queue.stats.max_depth, "max_bytes": queue.stats.max_bytes,
