@@ -108,6 +108,7 @@ class Incarnation:
         self.produced = 0
         self.last_beat = time.monotonic()
         self.abandoned = threading.Event()
+        self._closed = False
 
     @property
     def stats(self) -> ActorStats:
@@ -142,7 +143,6 @@ class Incarnation:
             ch.hang_at = None
             wait_hung()  # returns once the supervisor gave up on this incarnation (or the run stops)
             self.counts.add_dropped("abandoned", sum(f.length for f in frags) + ch.held_steps())
-            self.counts.add_chaos(ch.counts)
             raise ActorKilled("hung actor abandoned")
         kill_after = len(frags)
         if ch.kill_at is not None and self.produced >= ch.kill_at:
@@ -151,7 +151,6 @@ class Incarnation:
             if k == kill_after:
                 ch.counts.kills += 1
                 self.counts.add_dropped("actor_crash", sum(g.length for g in frags[k:]) + ch.held_steps())
-                self.counts.add_chaos(ch.counts)
                 raise ActorKilled(f"chaos: actor {self.actor_id} (incarnation {self.incarnation}) killed "
                                   f"after {self.produced} steps")
             try:
@@ -159,7 +158,6 @@ class Incarnation:
             except _Undelivered as u:  # the run is stopping: what was not delivered is dropped, and counted
                 self.counts.add_dropped("shutdown", u.steps + sum(g.length for g in frags[k + 1:]) + ch.held_steps())
                 ch.flush()
-                self.counts.add_chaos(ch.counts)
                 raise u.closed
         return True
 
@@ -172,16 +170,22 @@ class Incarnation:
             raise u.closed
 
     def finish(self, send: Callable[[Fragment], None]) -> None:
-        """Normal end of this incarnation: deliver whatever chaos still holds back, record chaos counts."""
-        try:
-            _deliver(self.channel.flush(), send)
-        except _Undelivered as u:
-            self.counts.add_dropped("shutdown", u.steps)
-        self.counts.add_chaos(self.channel.counts)
-        self.actor.close()
+        """Normal end of this incarnation: deliver whatever chaos still holds back, then close."""
+        from ..transport import Closed
 
-    def crashed(self) -> None:
-        self.actor.close()
+        try:
+            self.release_held(send)
+        except Closed:
+            pass  # counted as shutdown drops by release_held
+        self.close()
+
+    def close(self) -> None:
+        """End this incarnation on any path (finished, crashed, abandoned, stopped): its chaos counts are
+        merged into the run's exactly once, and its envs are closed."""
+        if not self._closed:
+            self._closed = True
+            self.counts.add_chaos(self.channel.counts)
+            self.actor.close()
 
 
 class _Undelivered(Exception):

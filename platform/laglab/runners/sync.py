@@ -50,7 +50,7 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
                             raise ActorFailed(f"actor {i} crashed {restarts[i] + 1} times "
                                               f"(runner.actors_max_restarts={cfg.runner.actors_max_restarts}): {e}") from e
                         restarts[i] += 1
-                        slots[i].crashed()
+                        slots[i].close()
                         slots[i] = Incarnation(cfg, i, next(incarnations), counts)
                         more = True
                     if not more:
@@ -61,7 +61,7 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
             s.finish(driver.offer)
     finally:
         for s in slots:
-            s.actor.close()
+            s.close()
     acct = driver.close(counts)
     out = transport_summary(acct, admission, counts.chaos, sum(restarts))
     out["chaos"]["stalls"] = driver.stalls

@@ -88,11 +88,11 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
                     return
             inc.finish(send)
         except Closed:
-            inc.crashed()
+            inc.close()
         except BaseException:  # noqa: BLE001 - reported to the supervisor (the learner thread)
             if slot.inc is inc:  # an abandoned incarnation no longer speaks for its slot
                 slot.error = f"actor {inc.actor_id} (incarnation {inc.incarnation}) failed:\n{traceback.format_exc()}"
-            inc.crashed()
+            inc.close()
 
     def start(slot: Slot) -> None:
         slot.error = None
