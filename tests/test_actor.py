@@ -92,8 +92,8 @@ def test_same_seed_same_fragments():
 
 
 def test_throttle_rule():
-    snap = Snapshot(0, {}, np.zeros(1), np.ones(1), {3: 100})
-    assert throttle_state(150, snap, 3, None) == (False, 50)
-    assert throttle_state(150, snap, 3, 50) == (True, 50)
-    assert throttle_state(149, snap, 3, 50) == (False, 49)
-    assert throttle_state(10, snap, 4, 50) == (False, 10)  # nothing consumed yet of actor 4
+    consumed = Snapshot(0, {}, np.zeros(1), np.ones(1), {3: 100}).consumed
+    assert throttle_state(150, consumed, 3, None) == (False, 50)
+    assert throttle_state(150, consumed, 3, 50) == (True, 50)
+    assert throttle_state(149, consumed, 3, 50) == (False, 49)
+    assert throttle_state(10, consumed, 4, 50) == (False, 10)  # nothing credited yet to incarnation 4

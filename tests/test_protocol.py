@@ -315,3 +315,16 @@ def test_duplicates_discarded_by_the_queue_are_not_counted_as_lost_data(tmp_path
     assert t["duplicates_detected"] == c["duplicated"] > 0
     assert t["dropped"].get("overflow", 0) + t["rejected"].get("overflow", 0) > 0
     assert balanced(t)
+
+
+@pytest.mark.parametrize("seed", [15, 16, 17, 19])
+def test_lossy_transport_and_tight_throttle_never_starve_the_learner(tmp_path, seed):
+    # 20% of fragments lost or refused, each actor at most two rollouts ahead: without credit grants (and
+    # with actors waiting for credit after the budget is spent) these seeds stopped with "no data" errors
+    s = run(cfg_of(seed=seed, actors=4, total_env_steps=6000, actor={"envs_per_actor": 2, "rollout_len": 16,
+                                                                      "max_lead_steps": 64},
+                   learner={"batch_size": 128, "minibatches": 2, "epochs": 1},
+                   chaos={"name": "lossy", "drop_p": 0.1, "corrupt_p": 0.1}, runner={"actor_timeout_s": 5.0}),
+            tmp_path)
+    assert s["status"] == "completed" and s["transport"]["balanced"]
+    assert s["env_steps"] > 6000 - 4 * 32  # the actors used the budget rather than waiting forever

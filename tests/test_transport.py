@@ -99,3 +99,18 @@ def test_policy_store_publishes_newer_versions_only_and_wakes_waiters():
     assert got == [1] and store.latest().version == 1
     with pytest.raises(ValueError):
         store.publish(Snapshot.make(1, model, np.zeros(3), np.ones(3)))
+
+
+def test_credit_grants_wake_throttled_actors_without_a_new_version():
+    spec = EnvSpec((3,), True, 2)
+    model = ActorCritic(spec, (4,))
+    store = PolicyStore(Snapshot.make(0, model, np.zeros(3), np.ones(3), {7: 10}))
+    gen = store.generation
+    woke = threading.Event()
+    t = threading.Thread(target=lambda: (store.wait_change(gen, timeout=5.0), woke.set()))
+    t.start()
+    store.grant({7: 42})
+    t.join(5.0)
+    assert woke.is_set() and store.credits() == {7: 42} and store.latest().version == 0
+    store.publish(Snapshot.make(1, model, np.zeros(3), np.ones(3), {7: 50}))
+    assert store.credits() == {7: 50}  # a publication carries its own credits

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -45,10 +45,11 @@ class ActorStats:
     loads: int = 0
 
 
-def lead(produced: int, snap: Snapshot, incarnation: int) -> int:
-    """Env steps this actor incarnation has produced beyond what the learner had consumed of its data at
-    ``snap`` (keyed by incarnation, so a restarted actor starts with a clean slate)."""
-    return produced - snap.consumed.get(incarnation, 0)
+def lead(produced: int, consumed: Mapping[int, int], incarnation: int) -> int:
+    """Env steps this actor incarnation has produced beyond what the learner has credited it with
+    (``consumed``: incarnation -> watermark, from the newest snapshot or a credit grant; keyed by incarnation,
+    so a restarted actor starts with a clean slate)."""
+    return produced - consumed.get(incarnation, 0)
 
 
 def seed_for(base: int, actor_id: int, incarnation: int) -> int:
@@ -194,7 +195,8 @@ def steps_per_rollout(cfg: Config) -> int:
     return cfg.actor.envs_per_actor * cfg.actor.rollout_len
 
 
-def throttle_state(produced: int, snap: Snapshot, incarnation: int, max_lead: Optional[int]) -> Tuple[bool, int]:
+def throttle_state(produced: int, consumed: Mapping[int, int], incarnation: int,
+                   max_lead: Optional[int]) -> Tuple[bool, int]:
     """(must_pause, lead): pause before a rollout that would start beyond ``max_lead`` steps of lead."""
-    ld = lead(produced, snap, incarnation)
+    ld = lead(produced, consumed, incarnation)
     return (max_lead is not None and ld >= max_lead), ld

@@ -6,7 +6,8 @@ import collections
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Deque, Dict, Optional, Tuple
+from types import MappingProxyType
+from typing import Callable, Deque, Dict, Mapping, Optional, Tuple
 
 from .config import Overflow
 from .fragment import Fragment
@@ -143,6 +144,8 @@ class PolicyStore:
 
     def __init__(self, first: Snapshot):
         self._snap = first
+        self._credits: Mapping[int, int] = first.consumed
+        self._generation = 0  # bumped by every publication and credit grant
         self._cv = threading.Condition()
 
     def publish(self, snap: Snapshot) -> None:
@@ -150,7 +153,30 @@ class PolicyStore:
             if snap.version <= self._snap.version:
                 raise ValueError(f"snapshot version {snap.version} is not newer than {self._snap.version}")
             self._snap = snap
+            self._credits = snap.consumed
+            self._generation += 1
             self._cv.notify_all()
+
+    def grant(self, consumed: Mapping[int, int]) -> None:
+        """Credit the actors' throttle with what the learner has received, without a new snapshot. The
+        learner does this when it is starved (waiting for data with a partial batch): otherwise actors
+        paused on credit that only the next update would give, and the update waits for their data."""
+        with self._cv:
+            self._credits = MappingProxyType(dict(consumed))
+            self._generation += 1
+            self._cv.notify_all()
+
+    def credits(self) -> Mapping[int, int]:
+        return self._credits
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def wait_change(self, generation: int, timeout: float, stop: Optional[Callable[[], bool]] = None) -> None:
+        """Block until a publication or grant after ``generation`` (or ``timeout`` or ``stop()``)."""
+        with self._cv:
+            self._cv.wait_for(lambda: self._generation > generation or (stop is not None and stop()), timeout)
 
     def latest(self) -> Snapshot:
         return self._snap

@@ -40,6 +40,10 @@ class Budget:
             self.used += n
             return True
 
+    def has_room(self, n: int) -> bool:
+        with self._lock:
+            return self.used + n <= self.total
+
     def release(self, n: int) -> None:
         with self._lock:
             self.used -= n

@@ -15,7 +15,7 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional
 
-from ..actor import ActorStats, throttle_state
+from ..actor import ActorStats, steps_per_rollout, throttle_state
 from ..admission import Admission
 from ..config import Config
 from ..envs import EnvSpec
@@ -53,6 +53,7 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
     counts = SharedCounts()
     incarnations = itertools.count(1)
     max_lead = cfg.actor.max_lead_steps
+    per_rollout = steps_per_rollout(cfg)
     poll = cfg.runner.poll_s
     slots: List[Slot] = [Slot(i) for i in range(cfg.actors)]
     abandoned: List[threading.Thread] = []
@@ -70,17 +71,21 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
         try:
             while not stop.is_set() and not inc.abandoned.is_set():
                 inc.beat()
-                snap = store.latest()
-                pause, _ = throttle_state(inc.produced, snap, inc.incarnation, max_lead)
-                if pause:
+                gen = store.generation
+                pause, _ = throttle_state(inc.produced, store.credits(), inc.incarnation, max_lead)
+                # with the budget spent there is nothing to wait for: go on to finish (waiting for credit
+                # here could wait forever once the others have finished and the learner lacks a full batch)
+                if pause and budget.has_room(per_rollout):
                     inc.release_held(send)
                     t0 = time.perf_counter()
-                    while pause and not stop.is_set():
+                    while pause and not stop.is_set() and budget.has_room(per_rollout):
                         inc.beat()
-                        snap = store.wait_newer(snap.version, poll, stop.is_set)
-                        pause, _ = throttle_state(inc.produced, snap, inc.incarnation, max_lead)
+                        store.wait_change(gen, poll, stop.is_set)
+                        gen = store.generation
+                        pause, _ = throttle_state(inc.produced, store.credits(), inc.incarnation, max_lead)
                     inc.stats.throttle_s += time.perf_counter() - t0
                     continue
+                snap = store.latest()
                 if not inc.produce(snap, budget, tracker, send, wait_hung):
                     inc.finish(send)
                     if slot.inc is inc:
@@ -152,6 +157,8 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
         while True:
             item = queue.get(poll)
             if item is None:
+                if driver.pending:  # starved with a partial batch: credit the actors with what arrived
+                    store.grant(learner.consumed)
                 if not supervise() and queue.depth == 0:
                     break
                 if time.monotonic() - last_data > cfg.runner.actor_timeout_s:
