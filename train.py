@@ -23,13 +23,12 @@ def _interrupt(signum, frame):
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float:
-    from laglab.run import env_spec, resume_checkpoint, run
+    from laglab.run import check_resume, env_spec, run
 
     try:
         c = validate(cfg)
-        env_spec(c)  # an env id that cannot be made is a config error too, reported before any thread starts
-        if c.resume:
-            resume_checkpoint(c.resume)
+        spec = env_spec(c)  # an env id that cannot be made is a config error too, reported before anything starts
+        check_resume(c, spec)
     except ConfigError as e:
         print(f"laglab: {e}", file=sys.stderr)
         sys.exit(2)

@@ -51,16 +51,33 @@ def test_fragments_are_contiguous_and_identified():
     assert len(r1.episodes) == flags and all(ep.length <= 5 for ep in r1.episodes)
 
 
-def test_truncation_is_bootstrapped_with_value_of_final_observation():
-    cfg = small_cfg(env={"max_episode_steps": 5})
+def test_truncations_carry_their_final_observation_and_returns_accumulate_per_episode():
+    from laglab.tagged import TAGGED_ID, tags
+
+    cfg = small_cfg(env={"id": TAGGED_ID, "kwargs": {"horizon": 2}}, algo={"advantage": {"gamma": 0.5}})
     actor = Actor(cfg, 0, 1)
     actor.load(constant_value_snapshot(cfg, value=7.0))
-    frags = actor.collect().fragments
-    trunc = np.concatenate([f.truncated for f in frags])
-    tv = np.concatenate([f.trunc_values for f in frags])
-    assert trunc.any()
-    np.testing.assert_allclose(tv[trunc], 7.0, rtol=1e-6)
-    assert (tv[~trunc] == 0).all()
+    frags = actor.collect().fragments + actor.collect().fragments
+    n_trunc = 0
+    for f in frags:
+        ts = np.flatnonzero(f.truncated)
+        assert f.trunc_obs.shape == (len(ts), 4)  # one final observation per truncated step, in time order
+        for k, t in enumerate(ts):  # the final obs is the step after obs[t] in the same episode (t = horizon)
+            before, final = tags(f.obs[t]), tags(f.trunc_obs[k])
+            assert (final[0], final[1], final[2]) == (before[0], before[1], 2)
+            if t + 1 < len(f.obs):  # ... while the next obs already belongs to the next episode
+                assert tags(f.obs[t + 1])[1] == before[1] + 1 and tags(f.obs[t + 1])[2] == 0
+        n_trunc += len(ts)
+        # the discounted raw return of the running episode, reset after each end (gamma 0.5), by hand:
+        acc, want = 0.0, []
+        first_t = tags(f.obs[0])[2]
+        acc = sum(0.5 ** (first_t - 1 - i) for i in range(first_t)) if first_t else 0.0  # earlier right steps
+        for r, done in zip(f.rewards, f.terminated | f.truncated):
+            acc = acc * 0.5 + r
+            want.append(acc)
+            acc = 0.0 if done else acc
+        np.testing.assert_allclose(f.disc_return, want, rtol=1e-6)
+    assert n_trunc > 0
 
 
 def test_actor_runs_one_version_per_rollout():

@@ -17,61 +17,117 @@ def cfg_of(**over) -> Config:
     return validate(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(base), OmegaConf.create(over)))
 
 
-def make_frag(t0, rewards, term, trunc, trunc_values, version=0, obs_dim=4, discrete=True, seed=0):
+def make_frag(t0, rewards, term, trunc, final_obs=None, version=0, obs_dim=4, discrete=True, seed=0,
+              disc_return=None):
     T = len(rewards)
     g = np.random.default_rng(seed + t0)
     fid = FragmentId(0, 1, 0, 0, t0, t0, t0 + T - 1, version)
     acts = np.zeros(T, np.int64) if discrete else g.normal(size=(T, 1)).astype(np.float32)
+    k = int(np.sum(trunc))
+    final = np.zeros((k, obs_dim), np.float32) if final_obs is None else np.asarray(final_obs, np.float32)
     return Fragment(fid, g.normal(size=(T, obs_dim)).astype(np.float32), acts, np.asarray(rewards, np.float32),
                     np.asarray(term, bool), np.asarray(trunc, bool), np.full(T, np.log(0.5), np.float32),
-                    np.zeros(T, np.float32), np.asarray(trunc_values, np.float32),
+                    np.full(T, 99.0, np.float32),  # behavior values: never used by the learner
+                    final, np.zeros(T, np.float32) if disc_return is None else np.asarray(disc_return, np.float32),
                     g.normal(size=obs_dim).astype(np.float32))
 
 
-def constant_critic(learner, c):
-    """V(s) = c everywhere, and a uniform policy (so behavior log-probs log(0.5) are on-policy)."""
+def hand_critic(learner, c, k=0.0):
+    """V(s) = c + k * tanh(tanh(s[0])) (set by hand in the critic's weights), and a uniform policy (so the
+    behavior log-probs log(0.5) are on-policy)."""
     with torch.no_grad():
         learner.model.pi[-1].weight.zero_()
         learner.model.pi[-1].bias.zero_()
-        learner.model.v[-1].weight.zero_()
+        for layer in learner.model.v:
+            if isinstance(layer, torch.nn.Linear):
+                layer.weight.zero_()
+                layer.bias.zero_()
+        learner.model.v[0].weight[0, 0] = 1.0
+        learner.model.v[2].weight[0, 0] = 1.0
+        learner.model.v[-1].weight[0, 0] = k
         learner.model.v[-1].bias.fill_(c)
 
 
+def constant_critic(learner, c):
+    hand_critic(learner, c, 0.0)
+
+
 @pytest.mark.parametrize("estimator", ["gae", "vtrace"])
-def test_truncation_bootstraps_with_final_value_and_termination_does_not(estimator):
+def test_truncation_bootstraps_with_the_current_critic_on_the_final_observation(estimator):
     cfg = cfg_of(algo={"advantage": {"estimator": estimator, "gamma": 0.5, "lam": 1.0, "rho_bar": 100.0,
                                      "c_bar": 100.0}})
     learner = Learner(cfg, env_spec(cfg))
-    constant_critic(learner, 2.0)  # V(s) = 2 everywhere
-    # steps: r=1 (continue), r=1 truncated with V(final)=10, r=1 (new episode), bootstrap V(last)=2
-    f = make_frag(0, [1.0, 1.0, 1.0], [0, 0, 0], [0, 1, 0], [0.0, 10.0, 0.0])
+    hand_critic(learner, 2.0, 3.0)  # V(s) = 2 + 3 tanh(tanh(s0))
+    v = lambda s0: 2.0 + 3.0 * np.tanh(np.tanh(s0))  # noqa: E731 - the same critic, by hand
+    # steps: r=1 (continue), r=1 truncated (final obs s0 = 1.5), r=1 (new episode), then bootstrap V(last obs)
+    f = make_frag(0, [1.0, 1.0, 1.0], [0, 0, 0], [0, 1, 0], final_obs=[[1.5, 0, 0, 0]])
     adv, ret = learner.advantages([f])
-    # by hand, gamma = 0.5: G2 = 1 + 0.5*2 = 2; G1 = 1 + 0.5*10 = 6 (cut after the truncation); G0 = 1 + 0.5*6 = 4
-    np.testing.assert_allclose(ret[:, 0].numpy(), [4.0, 6.0, 2.0], rtol=1e-6)
-    np.testing.assert_allclose(adv[:, 0].numpy(), [2.0, 4.0, 0.0], rtol=1e-6)
-    g = make_frag(0, [1.0, 1.0, 1.0], [0, 1, 0], [0, 0, 0], [0.0, 0.0, 0.0])  # terminated: no bootstrap
+    obs0 = f.obs[:, 0]
+    g2 = 1 + 0.5 * v(f.last_obs[0])
+    g1 = 1 + 0.5 * v(1.5)  # cut after the truncation, bootstrapped from the final observation
+    g0 = 1 + 0.5 * g1
+    np.testing.assert_allclose(ret[:, 0].numpy(), [g0, g1, g2], rtol=1e-5)
+    np.testing.assert_allclose(adv[:, 0].numpy(), [g0 - v(obs0[0]), g1 - v(obs0[1]), g2 - v(obs0[2])], rtol=1e-5,
+                               atol=1e-6)
+    g = make_frag(0, [1.0, 1.0, 1.0], [0, 1, 0], [0, 0, 0])  # terminated: no bootstrap
     _, ret = learner.advantages([g])
-    np.testing.assert_allclose(ret[:, 0].numpy(), [1.5, 1.0, 2.0], rtol=1e-6)
+    np.testing.assert_allclose(ret[:, 0].numpy(), [1.5, 1.0, 1 + 0.5 * v(g.last_obs[0])], rtol=1e-5)
 
 
 def test_update_bumps_version_reports_lag_and_ships_normalizer():
     cfg = cfg_of(env={"normalize_obs": True})
     learner = Learner(cfg, env_spec(cfg))
     learner.version = 5
-    frags = [make_frag(0, [1, 1, 1], [0, 0, 0], [0, 0, 0], [0, 0, 0], version=3),
-             make_frag(3, [1, 1, 1], [0, 0, 1], [0, 0, 0], [0, 0, 0], version=5)]
+    frags = [make_frag(0, [1, 1, 1], [0, 0, 0], [0, 0, 0], version=3),
+             make_frag(3, [1, 1, 1], [0, 0, 1], [0, 0, 0], version=5)]
     for f in frags:
         learner.take(f)
     m = learner.update(frags, env_steps=6)
     assert learner.version == 6 and learner.updates == 1
     assert (m["lag/min"], m["lag/max"], m["lag/mean"]) == (0.0, 2.0, 1.0)
     obs = np.concatenate([f.obs for f in frags])
-    snap = learner.snapshot()
+    np.testing.assert_array_equal(learner.obs_mean, np.zeros(4))  # the update normalized with the old statistics
+    snap = learner.snapshot()  # publication freezes the new ones
     np.testing.assert_allclose(snap.obs_mean, obs.mean(0), rtol=1e-3, atol=1e-3)
     np.testing.assert_allclose(snap.obs_var, obs.var(0), rtol=1e-2, atol=1e-3)
+    np.testing.assert_array_equal(learner.obs_mean, snap.obs_mean)  # ... and the learner now uses exactly those
     assert snap.version == 6 and snap.consumed == {1: 6}  # keyed by incarnation
     for k in ("losses/policy_loss", "losses/value_loss", "losses/approx_kl", "lag/kl_behavior"):
         assert np.isfinite(m[k])
+
+
+def test_reward_scale_is_the_learners_and_survives_a_checkpoint(tmp_path):
+    cfg = cfg_of(env={"normalize_reward": True, "reward_clip": 100.0}, algo={"advantage": {"gamma": 1.0, "lam": 1.0}})
+    spec = env_spec(cfg)
+    learner = Learner(cfg, spec)
+    constant_critic(learner, 0.0)
+    returns = [[1.0, 3.0, 2.0], [4.0, 0.5, 6.0]]
+    frags = [make_frag(3 * i, [1.0, 1.0, 1.0], [0, 0, 0], [0, 0, 0], disc_return=r) for i, r in enumerate(returns)]
+    var = np.var(np.concatenate(returns))  # the batch's discounted returns (the running stats start empty)
+    adv, ret = learner.advantages(frags)
+    np.testing.assert_allclose(ret[:, 1].numpy(), [3.0, 2.0, 1.0], rtol=1e-6)  # before: nothing scaled yet
+    learner.update(frags, env_steps=6)
+    assert learner.rew_rms.var == pytest.approx(var, rel=1e-3)
+    assert learner.snapshot().reward_var == pytest.approx(var, rel=1e-3)
+    scaled = 1.0 / np.sqrt(var + 1e-8)
+    hand_critic(learner, 0.0)
+    _, ret = learner.advantages(frags)
+    np.testing.assert_allclose(ret[-1, 1].numpy(), scaled, rtol=1e-4)  # rewards divided by the return's std
+    other = Learner(cfg, spec)
+    other.load_checkpoint(learner.save_checkpoint(tmp_path / "ck.pt"))
+    assert other.rew_rms.var == learner.rew_rms.var and other.rew_rms.count == learner.rew_rms.count
+
+
+def test_learning_rate_anneals_on_trained_steps_to_zero_at_the_budget():
+    cfg = cfg_of(total_env_steps=24, learner={"lr": 0.01})
+    learner = Learner(cfg, env_spec(cfg))
+    lrs = []
+    for k in range(4):  # 4 batches of 6 = the budget
+        frags = [make_frag(6 * k, [1, 1, 1], [0, 0, 0], [0, 0, 0]), make_frag(6 * k + 3, [1, 1, 1], [0, 0, 0],
+                                                                               [0, 0, 0])]
+        lrs.append(learner.update(frags, env_steps=10**9)["charts/lr"])  # reserved env steps play no part
+    np.testing.assert_allclose(lrs, [0.01, 0.0075, 0.005, 0.0025], rtol=1e-6)
+    assert learner.trained_steps == 24  # one more update would train at lr 0: the budget is trained
 
 
 def test_continuous_update_and_checkpoint_round_trip(tmp_path):
@@ -79,7 +135,7 @@ def test_continuous_update_and_checkpoint_round_trip(tmp_path):
                                                   "loss": {"kind": "dual_clip"}})
     spec = env_spec(cfg)
     learner = Learner(cfg, spec)
-    frags = [make_frag(3 * i, [-1, -2, -3], [0, 0, 0], [0, 0, 0], [0, 0, 0], obs_dim=3, discrete=False, seed=i)
+    frags = [make_frag(3 * i, [-1, -2, -3], [0, 0, 0], [0, 0, 0], obs_dim=3, discrete=False, seed=i)
              for i in range(2)]
     learner.update(frags, env_steps=6)
     path = learner.save_checkpoint(tmp_path / "ck.pt")

@@ -16,22 +16,24 @@ def frag(i, T=4, obs_dim=3):
                      t_start=i * T, t_end=i * T + T - 1, behavior_version=0)
     z = np.zeros(T, np.float32)
     return Fragment(fid, np.full((T, obs_dim), i, np.float32), np.zeros(T, np.int64), z, np.zeros(T, bool),
-                    np.zeros(T, bool), z, z, z, np.zeros(obs_dim, np.float32))
+                    np.zeros(T, bool), z, z, np.zeros((0, obs_dim), np.float32), z, np.zeros(obs_dim, np.float32))
 
 
 def test_reject_refuses_new_fragment_when_full_and_counts_it():
-    q = FragmentQueue(capacity=2, max_bytes=10**9, policy=Overflow.reject)
-    assert q.put(frag(0)) and q.put(frag(1))
-    assert not q.put(frag(2))
-    assert q.depth == 2 and q.stats.rejected_steps == {"overflow": 4}
+    seen = []
+    q = FragmentQueue(capacity=2, max_bytes=10**9, policy=Overflow.reject, on_discard=lambda *a: seen.append(a[1:]))
+    assert q.try_put(frag(0)) and q.try_put(frag(1), first=False)
+    assert q.first_steps() == 4  # only first copies count as transitions in flight
+    assert q.try_put(frag(2))  # handled: refused by policy
+    assert q.depth == 2 and q.stats.rejected_steps == {"overflow": 4} and seen == [(True, "rejected", "overflow")]
     assert [q.get(0)[0].id.t_start for _ in range(2)] == [0, 4]  # FIFO, the new one was refused
 
 
 def test_drop_oldest_evicts_from_the_head():
     q = FragmentQueue(capacity=2, max_bytes=10**9, policy=Overflow.drop_oldest)
     for i in range(5):
-        assert q.put(frag(i))
-    assert q.depth == 2 and q.stats.dropped_steps == {"overflow": 12}
+        assert q.try_put(frag(i))
+    assert q.depth == 2 and q.stats.dropped_steps == {"overflow": 12} and q.first_steps() == 8
     assert [q.get(0)[0].id.t_start for _ in range(2)] == [12, 16]
 
 
@@ -39,15 +41,18 @@ def test_byte_bound_is_enforced_like_the_item_bound():
     one = frag(0).nbytes
     q = FragmentQueue(capacity=100, max_bytes=2 * one + 1, policy=Overflow.drop_oldest)
     for i in range(6):
-        q.put(frag(i))
+        q.try_put(frag(i))
         assert q.bytes <= 2 * one + 1
     assert q.depth == 2 and q.stats.max_bytes <= 2 * one + 1
-    assert not FragmentQueue(10, one - 1).put(frag(0))  # a fragment larger than the whole budget
+    small = FragmentQueue(10, one - 1)
+    assert small.try_put(frag(0)) and small.depth == 0  # a fragment larger than the whole budget is refused
+    assert small.stats.rejected_steps == {"too_large": 4}
 
 
 def test_block_waits_for_room_then_proceeds():
     q = FragmentQueue(capacity=1, max_bytes=10**9, policy=Overflow.block)
     q.put(frag(0))
+    assert not q.try_put(frag(1)) and q.depth == 1  # block: no room, nothing changed
     entered, done = threading.Event(), threading.Event()
 
     def producer():

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import List, Mapping, Optional, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .config import Config
-from .envs import EnvGroup, RewardScaler, normalize
+from .envs import EnvGroup, discounted_return, normalize
 from .fragment import Fragment, FragmentId
 from .policy import InferencePolicy, Snapshot
 
@@ -75,9 +75,8 @@ class Actor:
         self.episode_id = np.zeros(n, dtype=np.int64)
         self.episode_t = np.zeros(n, dtype=np.int64)
         self.ep_return = np.zeros(n, dtype=np.float64)
-        self.scaler = (
-            RewardScaler(n, cfg.algo.advantage.gamma, cfg.env.reward_clip) if cfg.env.normalize_reward else None
-        )
+        self.disc_return = np.zeros(n, dtype=np.float64)  # discounted raw return of the running episodes
+        self.gamma = cfg.algo.advantage.gamma
         if not self.spec.discrete:
             self._low, self._high = self.spec.action_low, self.spec.action_high
 
@@ -95,24 +94,30 @@ class Actor:
             return normalize(obs, s.obs_mean, s.obs_var, self.cfg.env.obs_clip)
         return obs
 
-    def collect(self) -> Rollout:
+    def collect(self, envs: Optional[Sequence[int]] = None) -> Rollout:
+        """One rollout of ``rollout_len`` steps of the env instances ``envs`` (default: all of them, in
+        lockstep); one fragment per env instance. The others do not step (the sync runner fills a batch
+        from exactly the env instances it needs)."""
         assert self.snapshot is not None, "load a snapshot first"
-        T, E = self.cfg.actor.rollout_len, self.envs.n
+        sel = slice(None) if envs is None else np.asarray(envs, dtype=np.int64)
+        index = np.arange(self.envs.n)[sel]
+        T, E = self.cfg.actor.rollout_len, len(index)
         spec = self.spec
         obs_buf = np.empty((T, E) + spec.obs_shape, dtype=np.float32)
         act_buf = np.empty((T, E) + spec.action_shape, dtype=np.int64 if spec.discrete else np.float32)
         rew_buf = np.empty((T, E), dtype=np.float32)
+        ret_buf = np.empty((T, E), dtype=np.float32)
         term_buf = np.empty((T, E), dtype=bool)
         trunc_buf = np.empty((T, E), dtype=bool)
         logp_buf = np.empty((T, E), dtype=np.float32)
         val_buf = np.empty((T, E), dtype=np.float32)
-        tval_buf = np.zeros((T, E), dtype=np.float32)
         mean_buf = None if spec.discrete else np.empty((T, E, spec.n_actions), dtype=np.float32)
         lstd_buf = None if spec.discrete else np.empty((T, E, spec.n_actions), dtype=np.float32)
-        start_t, start_ep, start_ept = self.t.copy(), self.episode_id.copy(), self.episode_t.copy()
+        final_obs: List[List[np.ndarray]] = [[] for _ in range(E)]  # per env: final obs of its truncations
+        start_t, start_ep, start_ept = self.t[sel].copy(), self.episode_id[sel].copy(), self.episode_t[sel].copy()
         episodes: List[Episode] = []
         env_s = infer_s = 0.0
-        obs = self.obs
+        obs = self.obs[sel]
         for step in range(T):
             t0 = time.perf_counter()
             a_np, logp, v, mean, log_std = self.policy.act(self._norm(obs), self.rng)
@@ -123,7 +128,7 @@ class Actor:
                 mean_buf[step] = mean
                 lstd_buf[step] = log_std
             t1 = time.perf_counter()
-            res = self.envs.step(env_a)
+            res = self.envs.step(env_a, None if envs is None else index)
             t2 = time.perf_counter()
             obs_buf[step] = obs
             act_buf[step] = a_np
@@ -131,32 +136,35 @@ class Actor:
             val_buf[step] = v
             term_buf[step] = res.terminated
             trunc_buf[step] = res.truncated
-            self.ep_return += res.rewards
+            rew_buf[step] = res.rewards
             done = res.terminated | res.truncated
-            rew_buf[step] = self.scaler(res.rewards, done) if self.scaler else res.rewards
-            if res.truncated.any():
-                idx = np.flatnonzero(res.truncated)
-                final = np.stack([res.final_obs[i] for i in idx])
-                tval_buf[step, idx] = self.policy.value(self._norm(final))
-            self.t += 1
-            self.episode_t += 1
+            acc = discounted_return(self.disc_return[sel], res.rewards, self.gamma)
+            ret_buf[step] = acc
+            self.disc_return[sel] = np.where(done, 0.0, acc)
+            self.ep_return[sel] += res.rewards
+            for i in np.flatnonzero(res.truncated):
+                final_obs[i].append(res.final_obs[i])
+            self.t[sel] += 1
+            self.episode_t[sel] += 1
             if done.any():
                 for i in np.flatnonzero(done):
-                    episodes.append(Episode(self.actor_id, int(i), float(self.ep_return[i]), int(self.episode_t[i])))
-                self.ep_return[done] = 0.0
-                self.episode_t[done] = 0
-                self.episode_id[done] += 1
+                    g = int(index[i])
+                    episodes.append(Episode(self.actor_id, g, float(self.ep_return[g]), int(self.episode_t[g])))
+                    self.ep_return[g] = 0.0
+                    self.episode_t[g] = 0
+                    self.episode_id[g] += 1
             obs = res.next_obs
             infer_s += t1 - t0
             env_s += t2 - t1
-        self.obs = obs
+        self.obs[sel] = obs
         version = self.snapshot.version
+        no_final = np.empty((0,) + spec.obs_shape, dtype=np.float32)
         frags = []
         for e in range(E):
             fid = FragmentId(
                 actor_id=self.actor_id,
                 incarnation=self.incarnation,
-                env_index=e,
+                env_index=int(index[e]),
                 episode_id=int(start_ep[e]),
                 episode_t0=int(start_ept[e]),
                 t_start=int(start_t[e]),
@@ -173,7 +181,8 @@ class Actor:
                     truncated=trunc_buf[:, e].copy(),
                     logp=logp_buf[:, e].copy(),
                     values=val_buf[:, e].copy(),
-                    trunc_values=tval_buf[:, e].copy(),
+                    trunc_obs=np.stack(final_obs[e]).astype(np.float32) if final_obs[e] else no_final.copy(),
+                    disc_return=ret_buf[:, e].copy(),
                     last_obs=obs[e].copy(),
                     mean=None if mean_buf is None else mean_buf[:, e].copy(),
                     log_std=None if lstd_buf is None else lstd_buf[:, e].copy(),

@@ -6,23 +6,22 @@ episode counters · ``length`` an array's length disagrees with the timestep int
 dtype disagrees with the env's spaces · ``non_finite`` observations, rewards, values or bootstrap values
 not finite · ``logp`` behavior log-probs not finite, or (discrete) a probability outside (0, 1] ·
 ``action`` a discrete action out of range or a continuous one not finite · ``flags`` a step both
-terminated and truncated, or a truncation bootstrap on a step that was not truncated · ``future_version``
+terminated and truncated, or a number of final observations (``trunc_obs``) other than the number of
+truncated steps · ``future_version``
 behavior version newer than the learner's.
 
-Duplicates (same actor incarnation, env instance and first timestep) follow ``transport.duplicates``:
-``ignore`` admits the first delivery only, ``charge`` admits every delivery; both count them. The seen-set
-is bounded: per (incarnation, env instance) it keeps the first timesteps of the last ``dedup_window``
-fragments; a delivery at or below the largest first timestep it has forgotten is refused as ``too_old``
-rather than risk admitting a duplicate twice. Its memory is O(incarnations x envs x dedup_window). A
-fragment whose length differs from ``actor.rollout_len`` is refused as ``length`` (a batch is whole
-fragments of that length).
+Whether a delivery is the first copy of its fragment, a duplicate, or not attributable to any stream is
+decided where it arrives (:class:`laglab.accounting.Ledger`); admission applies ``transport.duplicates`` to
+the duplicates: ``ignore`` refuses them, ``charge`` admits a well-formed one again (outside the produced
+count, and counted). A fragment whose length differs from ``actor.rollout_len`` is refused as ``length``
+(a batch is whole fragments of that length). An arrival no stream can own is refused and counted as
+``unattributed`` (its steps show up as lost on the stream that sent them).
 """
 from __future__ import annotations
 
 import collections
-import threading
 from dataclasses import dataclass, field
-from typing import Deque, Dict, List, Optional, Set, Tuple
+from typing import Dict, Optional
 
 import numpy as np
 
@@ -31,18 +30,18 @@ from .envs import EnvSpec
 from .fragment import SCHEMA_VERSION, Fragment
 
 KNOWN_SCHEMAS = frozenset({SCHEMA_VERSION})
-_FLOAT_FIELDS = ("rewards", "values", "trunc_values")
+_FLOAT_FIELDS = ("rewards", "values", "disc_return")
 
 
 @dataclass
 class AdmissionStats:
     admitted_fragments: int = 0
-    admitted_steps: int = 0
+    admitted_steps: int = 0  # first copies admitted
     bytes_admitted: int = 0
-    duplicates_detected: int = 0  # deliveries of a fragment already seen (fragments)
+    duplicates_refused: int = 0  # re-deliveries refused under ``ignore`` (or malformed under ``charge``)
     duplicate_steps_admitted: int = 0  # transitions admitted again under duplicates=charge
-    rejected: Dict[str, int] = field(default_factory=collections.Counter)  # steps by reason
-    discarded: Dict[Tuple[str, str], int] = field(default_factory=collections.Counter)  # by the transport
+    rejected: Dict[str, int] = field(default_factory=collections.Counter)  # steps of first copies, by reason
+    unattributed: int = 0  # steps claimed by arrivals no stream owns (refused)
 
 
 def validate(frag: Fragment, spec: EnvSpec, n_actors: int, envs_per_actor: int, learner_version: int) -> Optional[str]:
@@ -62,12 +61,14 @@ def _validate(frag: Fragment, spec: EnvSpec, n_actors: int, envs_per_actor: int,
         return "identity"
     T = fid.t_end - fid.t_start + 1
     arrays = (frag.obs, frag.actions, frag.rewards, frag.terminated, frag.truncated, frag.logp, frag.values,
-              frag.trunc_values)
+              frag.disc_return)
     if any(not isinstance(a, np.ndarray) or a.ndim < 1 or a.shape[0] != T for a in arrays):
         return "length"
     if (frag.obs.shape[1:] != spec.obs_shape or frag.obs.dtype != np.float32
             or not isinstance(frag.last_obs, np.ndarray) or frag.last_obs.shape != spec.obs_shape
             or frag.last_obs.dtype != np.float32
+            or not isinstance(frag.trunc_obs, np.ndarray) or frag.trunc_obs.ndim != 1 + len(spec.obs_shape)
+            or frag.trunc_obs.shape[1:] != spec.obs_shape or frag.trunc_obs.dtype != np.float32
             or any(getattr(frag, n).shape != (T,) or getattr(frag, n).dtype != np.float32 for n in _FLOAT_FIELDS)
             or frag.logp.shape != (T,) or frag.logp.dtype != np.float32
             or frag.terminated.shape != (T,) or frag.truncated.shape != (T,)):
@@ -80,7 +81,7 @@ def _validate(frag: Fragment, spec: EnvSpec, n_actors: int, envs_per_actor: int,
         if (frag.actions.shape != want or frag.actions.dtype != np.float32 or frag.mean is None
                 or frag.log_std is None or frag.mean.shape != want or frag.log_std.shape != want):
             return "shape"
-    if not (np.isfinite(frag.obs).all() and np.isfinite(frag.last_obs).all()
+    if not (np.isfinite(frag.obs).all() and np.isfinite(frag.last_obs).all() and np.isfinite(frag.trunc_obs).all()
             and all(np.isfinite(getattr(frag, n)).all() for n in _FLOAT_FIELDS)):
         return "non_finite"
     if not np.isfinite(frag.logp).all() or (spec.discrete and (frag.logp > 0).any()):
@@ -92,7 +93,7 @@ def _validate(frag: Fragment, spec: EnvSpec, n_actors: int, envs_per_actor: int,
         return "action"
     if frag.terminated.dtype != np.bool_ or frag.truncated.dtype != np.bool_:
         return "flags"
-    if (frag.terminated & frag.truncated).any() or (frag.trunc_values[~frag.truncated] != 0).any():
+    if (frag.terminated & frag.truncated).any() or frag.trunc_obs.shape[0] != int(frag.truncated.sum()):
         return "flags"
     if fid.behavior_version > learner_version:
         return "future_version"
@@ -107,103 +108,45 @@ def claimed_steps(frag: Fragment) -> int:
 
 
 class Admission:
-    """Validation + duplicate policy + counters, in front of the learner. Thread-safe: the transport
-    reports what it discards (``discard``) from actor threads."""
+    """Validation + duplicate policy + counters, in front of the learner (used from the learner's thread)."""
 
     def __init__(self, spec: EnvSpec, n_actors: int, envs_per_actor: int, duplicates: Duplicates,
-                 dedup_window: int = 64, rollout_len: Optional[int] = None):
+                 rollout_len: Optional[int] = None):
         self.spec = spec
         self.n_actors = n_actors
         self.envs_per_actor = envs_per_actor
         self.rollout_len = rollout_len
         self.duplicates = Duplicates(duplicates)
-        self.window = dedup_window
         self.stats = AdmissionStats()
-        # per (incarnation, env): arrival order, the set of first timesteps seen, and a floor (the largest
-        # first timestep forgotten): anything at or below the floor that is not remembered is too old
-        self._seen: Dict[Tuple[int, int], Tuple[Deque[int], Set[int], List[int]]] = {}
-        # fragments the transport discarded before any copy was admitted: (key, t_start) -> (bucket, reason, steps)
-        self._discarded: "collections.OrderedDict[Tuple[Tuple[int, int], int], Tuple[str, str, int]]" = \
-            collections.OrderedDict()
-        self._lock = threading.Lock()
 
-    def _validate(self, frag: Fragment, learner_version: int) -> Optional[str]:
+    def check(self, frag: Fragment, learner_version: int) -> Optional[str]:
         reason = validate(frag, self.spec, self.n_actors, self.envs_per_actor, learner_version)
         if reason is None and self.rollout_len is not None and frag.id.length != self.rollout_len:
             return "length"
         return reason
 
-    def _slot(self, frag: Fragment):
-        return self._seen.setdefault((frag.id.incarnation, frag.id.env_index), (collections.deque(), set(), [-1]))
-
-    def _duplicate(self, frag: Fragment) -> Optional[str]:
-        """'duplicate', 'too_old' or None; records the delivery."""
-        order, seen, floor = self._slot(frag)
-        t = frag.id.t_start
-        if t in seen:
-            return "duplicate"
-        if t <= floor[0]:
-            return "too_old"
-        order.append(t)
-        seen.add(t)
-        if len(order) > self.window:
-            old = order.popleft()
-            seen.discard(old)
-            floor[0] = max(floor[0], old)
-        return None
-
-    def discard(self, frag: Fragment, bucket: str, reason: str) -> None:
-        """The transport refused or evicted ``frag`` (``bucket`` is "dropped" or "rejected"). Exactly one
-        copy of a fragment is its fate: a discarded copy of an admitted fragment, or a second discarded
-        copy, only counts as a duplicate; a discarded fragment whose other copy is admitted later is
-        moved from the discard counts to the duplicates then."""
-        steps = claimed_steps(frag)
-        with self._lock:
-            if validate(frag, self.spec, self.n_actors, self.envs_per_actor, 2**62) in ("identity", "malformed"):
-                self.stats.discarded[(bucket, reason)] += steps
-                return
-            key = ((frag.id.incarnation, frag.id.env_index), frag.id.t_start)
-            if frag.id.t_start in self._slot(frag)[1] or key in self._discarded:
-                self.stats.duplicates_detected += 1
-                return
-            self._discarded[key] = (bucket, reason, steps)
-            self.stats.discarded[(bucket, reason)] += steps
-            if len(self._discarded) > self.window * max(1, self.n_actors * self.envs_per_actor):
-                self._discarded.popitem(last=False)  # bounded like the seen-set
-
-    def admit(self, frag: Fragment, learner_version: int) -> Optional[str]:
-        """None if ``frag`` may go to the learner; ``"charged"`` for a duplicate admitted again under
-        ``charge``; otherwise the reason it was refused (and counted). A duplicate refused under
-        ``ignore`` returns ``"duplicate"`` and is not a rejection of produced data: its first delivery
-        was admitted."""
-        with self._lock:
-            return self._admit(frag, learner_version)
-
-    def _admit(self, frag: Fragment, learner_version: int) -> Optional[str]:
-        steps = claimed_steps(frag)
-        reason = self._validate(frag, learner_version)
-        trusted = reason not in ("identity", "malformed")
-        if trusted:
-            key = ((frag.id.incarnation, frag.id.env_index), frag.id.t_start)
-            earlier = self._discarded.pop(key, None)
-            if earlier is not None and frag.id.t_start not in self._slot(frag)[1]:
-                b, r, n = earlier  # a copy was discarded on the way; this one arrived and is the fragment
-                self.stats.discarded[(b, r)] -= n
-                self.stats.duplicates_detected += 1
-        # a re-delivery is a duplicate whatever its payload: a bad fragment delivered twice is rejected once
-        dup = self._duplicate(frag) if trusted else None
-        if dup == "duplicate":
-            self.stats.duplicates_detected += 1
+    def admit(self, frag: Fragment, first: Optional[bool], learner_version: int) -> Optional[str]:
+        """``first``: True for the first copy of its fragment to arrive, False for a re-delivery, None for an
+        arrival no stream owns. Returns None if ``frag`` may go to the learner, ``"charged"`` for a duplicate
+        admitted again under ``charge``, otherwise why it was refused: ``"duplicate"`` (not a rejection of
+        produced data: its first copy had its own fate), ``"unattributed"``, or a rejection reason (counted)."""
+        st = self.stats
+        reason = self.check(frag, learner_version)
+        if first is None:
+            st.unattributed += claimed_steps(frag)
+            return reason or "unattributed"
+        if not first:
             if self.duplicates == Duplicates.ignore or reason is not None:
+                st.duplicates_refused += 1
                 return "duplicate"
-            self.stats.duplicate_steps_admitted += steps  # charged: admitted again, outside `produced`
-        elif dup is not None and reason is None:
-            reason = dup
+            st.duplicate_steps_admitted += frag.length
+            st.admitted_fragments += 1
+            st.bytes_admitted += frag.nbytes
+            return "charged"
         if reason is not None:
-            self.stats.rejected[reason] += steps
+            st.rejected[reason] += claimed_steps(frag)
             return reason
-        if dup is None:
-            self.stats.admitted_steps += steps
-        self.stats.admitted_fragments += 1
-        self.stats.bytes_admitted += frag.nbytes
-        return None if dup is None else "charged"
+        st.admitted_steps += frag.length
+        st.admitted_fragments += 1
+        st.bytes_admitted += frag.nbytes
+        return None

@@ -75,27 +75,31 @@ def corrupt(frag: Fragment, kind: str) -> Fragment:
 
 
 class ChaosChannel:
-    """What happens to one actor incarnation's fragments on their way to the learner."""
+    """The link between one actor incarnation and the transport, with what can go wrong on it.
+
+    :meth:`send` puts a fragment on the link; what comes out the other end, in order, is in ``outbox``
+    (possibly nothing, possibly older fragments released now, possibly two copies). Held-back fragments
+    wait in ``held`` until enough later deliveries have passed them. Without faults configured, the link
+    is a plain FIFO."""
 
     def __init__(self, cfg: ChaosConfig, seed: int, actor_id: int, incarnation: int):
         self.cfg = cfg
         self.rng = np.random.default_rng([seed, actor_id, incarnation, 0xC4A05])
         self.counts = ChaosCounts()
-        self._held: List[Tuple[Fragment, int]] = []  # (fragment, deliveries still to wait)
+        self.held: List[Tuple[Fragment, int]] = []  # (fragment, deliveries still to wait)
+        self.outbox: List[Fragment] = []  # leaving the link, in order
         self.kill_at: Optional[int] = cfg.kill_every_steps
         self.hang_at: Optional[int] = cfg.hang_every_steps
+        c = cfg
+        self.active = any(p > 0 for p in (c.duplicate_p, c.reorder_p, c.delay_p, c.drop_p, c.corrupt_p))
 
-    @property
-    def active(self) -> bool:
-        c = self.cfg
-        return any(p > 0 for p in (c.duplicate_p, c.reorder_p, c.delay_p, c.drop_p, c.corrupt_p))
-
-    def send(self, frag: Fragment) -> List[Fragment]:
-        """The deliveries that result from sending ``frag`` now (possibly none, possibly older ones)."""
+    def send(self, frag: Fragment) -> None:
+        if not self.active:
+            self.outbox.append(frag)
+            return
         c, r = self.cfg, self.rng
-        out: List[Fragment] = []
-        ready = [f for f, n in self._held if n <= 1]
-        self._held = [(f, n - 1) for f, n in self._held if n > 1]
+        ready = [f for f, n in self.held if n <= 1]
+        self.held = [(f, n - 1) for f, n in self.held if n > 1]
         if r.random() < c.drop_p:
             self.counts.dropped_steps += frag.length
         else:
@@ -106,23 +110,23 @@ class ChaosChannel:
                 self.counts.corrupted_steps[kind] += frag.length
             u = r.random()
             if u < c.delay_p:
-                self._held.append((frag, c.delay_fragments))
+                self.held.append((frag, c.delay_fragments))
                 self.counts.delayed += 1
             elif u < c.delay_p + c.reorder_p:
-                self._held.append((frag, 1))
+                self.held.append((frag, 1))
                 self.counts.reordered += 1
             else:
-                out.append(frag)
+                self.outbox.append(frag)
                 if r.random() < c.duplicate_p:
-                    out.append(frag)  # a retried delivery: the same immutable fragment
+                    self.outbox.append(frag)  # a retried delivery: the same immutable fragment
                     self.counts.duplicated += 1
-        return out + ready
+        self.outbox.extend(ready)
 
-    def flush(self) -> List[Fragment]:
-        """Everything still held back (delivered when the actor finishes normally)."""
-        held = [f for f, _ in self._held]
-        self._held = []
-        return held
+    def flush(self) -> None:
+        """Release everything held back (before an actor pauses, and when an incarnation ends)."""
+        self.outbox.extend(f for f, _ in self.held)
+        self.held = []
 
-    def held_steps(self) -> int:
-        return sum(f.length for f, _ in self._held)
+    def contents(self) -> List[Fragment]:
+        """Every fragment still on the link (held or about to come out)."""
+        return [f for f, _ in self.held] + self.outbox

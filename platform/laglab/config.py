@@ -7,6 +7,7 @@ Hydra composes the config; :func:`validate` rejects combinations, before any thr
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from enum import Enum
@@ -116,9 +117,12 @@ class RunnerConfig:
     torch_threads: int = 1
     poll_s: float = 0.05  # how often a waiting thread re-checks for shutdown and failures
     actor_timeout_s: float = 120.0  # learner gives up when no data arrives for this long
-    actors_max_restarts: int = 3  # per actor slot; a crashed or hung actor restarts with a new incarnation
+    # restart intensity: a crashed or hung actor restarts with a new incarnation, at most this many times per
+    # slot within any restart_window_s seconds (more fails the run)
+    actors_max_restarts: int = 5
+    restart_window_s: float = 10.0
     heartbeat_timeout_s: float = 60.0  # an actor that shows no sign of life this long is declared hung
-    restart_backoff_s: float = 0.5  # doubled after each restart of the same slot
+    restart_backoff_s: float = 0.5  # wait before a restart
 
 
 @dataclass
@@ -186,6 +190,19 @@ class Config:
     chaos: ChaosConfig = field(default_factory=ChaosConfig)
 
 
+_SCHEMAS = {c.__name__: c for c in (AdvantageConfig, LossConfig, AlgoConfig, EnvConfig, PolicyConfig, ActorConfig,
+                                     LearnerConfig, RunnerConfig, TransportConfig, ChaosConfig, WandbConfig,
+                                     TrackingConfig, Config)}
+
+
+def _schema_at(path: str) -> type:
+    schema: type = Config
+    for part in [p for p in path.split(".") if p]:
+        t = {f.name: f.type for f in dataclasses.fields(schema)}[part]
+        schema = _SCHEMAS[t] if isinstance(t, str) else t
+    return schema
+
+
 SCHEMA_NAME = "laglab_schema"  # not a selectable group option
 
 
@@ -216,12 +233,38 @@ def _require(ok: bool, key: str, allowed: str, got: Any) -> None:
         raise ConfigError(f"invalid config: {key}={got!r}; allowed: {allowed}")
 
 
+def unknown_keys(node: Any, schema: type, prefix: str = "") -> List[str]:
+    """Keys of ``node`` (a DictConfig or mapping) that the dataclass ``schema`` does not declare, as dotted
+    paths. Hydra's ``+key=value`` forces a key into the composed config past the schema; this finds it.
+    Free-form fields (``Dict[str, Any]``, such as ``env.kwargs``) are not descended into."""
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    out: List[str] = []
+    for key in node.keys():
+        path = f"{prefix}{key}"
+        if key not in fields:
+            out.append(path)
+            continue
+        sub_type = fields[key].type
+        sub_type = _SCHEMAS.get(sub_type, sub_type) if isinstance(sub_type, str) else sub_type
+        value = node.get(key) if not isinstance(node, DictConfig) else node._get_node(key)
+        if dataclasses.is_dataclass(sub_type) and isinstance(value, (DictConfig, dict)):
+            out.extend(unknown_keys(value, sub_type, path + "."))
+    return out
+
+
 def validate(cfg: Any) -> Config:
     """Check the cross-field rules and return a typed ``Config`` object.
 
     Accepts a DictConfig (from Hydra) or a ``Config``. Raises :class:`ConfigError` naming the key.
     """
     if isinstance(cfg, DictConfig):
+        extra = unknown_keys(cfg, Config)
+        if extra:
+            where = extra[0].rsplit(".", 1)[0] if "." in extra[0] else ""
+            schema = _schema_at(where)
+            allowed = ", ".join(f.name for f in dataclasses.fields(schema))
+            raise ConfigError(f"invalid config: unknown key {', '.join(extra)}; allowed"
+                              f"{' under ' + where if where else ' at the top level'}: {allowed}")
         merged = OmegaConf.merge(OmegaConf.structured(Config), cfg)
         c: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
     else:
@@ -298,15 +341,14 @@ def validate(cfg: Any) -> Config:
             "or every actor would pause before the learner publishes a snapshot",
             a.max_lead_steps,
         )
-    if c.runner.name == RunnerKind.sync:
-        round_steps = c.actors * per_round
-        _require(
-            lr.batch_size % round_steps == 0,
-            "learner.batch_size",
-            f"with runner=sync, a multiple of actors*envs_per_actor*rollout_len ({round_steps}) "
-            "so every batch is collected by one policy version",
-            lr.batch_size,
-        )
+    _require(
+        lr.max_policy_lag is None or lr.max_policy_lag >= lr.broadcast_every - 1,
+        "learner.max_policy_lag",
+        f"null or >= learner.broadcast_every - 1 ({lr.broadcast_every - 1}): snapshots go out every "
+        f"{lr.broadcast_every} updates, so data from the newest snapshot is up to that many versions old and "
+        "would all be dropped",
+        lr.max_policy_lag,
+    )
     _require(c.transport.capacity >= 1, "transport.capacity", "an integer >= 1", c.transport.capacity)
     _require(c.transport.dedup_window >= 1, "transport.dedup_window", "an integer >= 1", c.transport.dedup_window)
     _require(c.transport.max_bytes >= 1, "transport.max_bytes", "an integer >= 1", c.transport.max_bytes)
@@ -323,6 +365,8 @@ def validate(cfg: Any) -> Config:
              "null with runner=sync (a hung actor would hang the one thread there)", ch.hang_every_steps)
     _require(c.runner.actors_max_restarts >= 0, "runner.actors_max_restarts", "an integer >= 0",
              c.runner.actors_max_restarts)
+    _require(c.runner.restart_window_s > 0, "runner.restart_window_s", "a number > 0", c.runner.restart_window_s)
+    _require(c.runner.restart_backoff_s >= 0, "runner.restart_backoff_s", "a number >= 0", c.runner.restart_backoff_s)
     _require(c.runner.heartbeat_timeout_s > 0, "runner.heartbeat_timeout_s", "a number > 0",
              c.runner.heartbeat_timeout_s)
     _require(lr.checkpoint_every >= 0, "learner.checkpoint_every", "an integer >= 0 (0 = never)", lr.checkpoint_every)

@@ -97,14 +97,17 @@ class EnvGroup:
             env.action_space.seed(self._seed + i)
         return np.stack(obs).astype(np.float32)
 
-    def step(self, actions: np.ndarray) -> StepResult:
-        n = self.n
+    def step(self, actions: np.ndarray, which: Optional[np.ndarray] = None) -> StepResult:
+        """Step every env (or the envs ``which``, in that order) with one action each; results are in the
+        order of the envs stepped, and ``final_obs`` is keyed by that position."""
+        envs = self.envs if which is None else [self.envs[int(i)] for i in which]
+        n = len(envs)
         next_obs = [None] * n
         rewards = np.empty(n, dtype=np.float64)
         term = np.zeros(n, dtype=bool)
         trunc = np.zeros(n, dtype=bool)
         final: Dict[int, np.ndarray] = {}
-        for i, env in enumerate(self.envs):
+        for i, env in enumerate(envs):
             o, r, te, tr, _ = env.step(actions[i])
             rewards[i] = r
             if te or tr:
@@ -143,93 +146,10 @@ def normalize(obs: np.ndarray, mean: np.ndarray, var: np.ndarray, clip: float) -
     return np.clip((obs - mean) / np.sqrt(var + 1e-8), -clip, clip).astype(np.float32)
 
 
-class RewardScaler:
-    """Per-env reward scaling by the running std of the discounted return (as gymnasium's
-    NormalizeReward, vectorized over an env group). Episode statistics use the raw rewards."""
-
-    def __init__(self, n: int, gamma: float, clip: float):
-        self.returns = np.zeros(n, dtype=np.float64)
-        self.rms = RunningMeanStd(())
-        self.gamma = gamma
-        self.clip = clip
-
-    def __call__(self, rewards: np.ndarray, done: np.ndarray) -> np.ndarray:
-        self.returns = self.returns * self.gamma + rewards
-        self.rms.update(self.returns)
-        scaled = np.clip(rewards / np.sqrt(self.rms.var + 1e-8), -self.clip, self.clip)
-        self.returns[done] = 0.0
-        return scaled
+def discounted_return(acc: np.ndarray, rewards: np.ndarray, gamma: float) -> np.ndarray:
+    """The running discounted return of each env's episode after this step's rewards (as gymnasium's
+    NormalizeReward keeps it): ``acc * gamma + r``. The caller resets it to 0 when an episode ends."""
+    return acc * gamma + rewards
 
 
-# ---- the tagged-episode env ------------------------------------------------------------------------------
-TAGGED_ID = "laglab/Tagged-v0"
-TAG_SCALE = np.array([1000.0, 10000.0, 100.0], dtype=np.float64)  # instance, episode (mod 1e4), timestep
-
-
-class TaggedEnv(gym.Env):
-    """A deterministic small task whose observations carry their own provenance.
-
-    obs = [cue, instance/1000, (episode mod 10000)/10000, t/100]: ``instance`` is the env instance
-    (actor_id * envs_per_actor + env index, set by the env group), ``episode`` counts episodes of this env
-    object, ``t`` is the step within the episode. The cue is +-1; the right action is 1 when it is
-    positive: reward 1 and the episode goes on, a wrong action ends it (terminated, reward 0); after
-    ``horizon`` steps it is truncated. Optimal return = horizon; a uniform policy averages ~1.
-    """
-
-    metadata = {"render_modes": []}
-
-    def __init__(self, horizon: int = 32):
-        self.horizon = horizon
-        self.observation_space = gym.spaces.Box(-1.0, 1e4, shape=(4,), dtype=np.float32)
-        self.action_space = gym.spaces.Discrete(2)
-        self.instance = 0
-        self.episode = -1
-        self.t = 0
-        self._cue = 1.0
-
-    def set_instance(self, instance: int) -> None:
-        self.instance = int(instance)
-
-    def _obs(self) -> np.ndarray:
-        return np.array([self._cue, self.instance / TAG_SCALE[0], (self.episode % 10000) / TAG_SCALE[1],
-                         self.t / TAG_SCALE[2]], dtype=np.float32)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.episode += 1
-        self.t = 0
-        self._cue = float(self.np_random.choice([-1.0, 1.0]))
-        return self._obs(), {}
-
-    def step(self, action):
-        right = int(action) == int(self._cue > 0)
-        self.t += 1
-        self._cue = float(self.np_random.choice([-1.0, 1.0]))
-        terminated = not right
-        truncated = right and self.t >= self.horizon
-        return self._obs(), float(right), terminated, truncated, {}
-
-
-if TAGGED_ID not in gym.registry:
-    gym.register(TAGGED_ID, entry_point=TaggedEnv)
-
-
-def expected_tags(episode_id: int, episode_t0: int, done: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """(episode id, step within episode) of each step of a fragment, from its header and done flags."""
-    T = done.shape[0]
-    ends_before = np.concatenate([[0], np.cumsum(done[:-1].astype(np.int64))])
-    episodes = episode_id + ends_before
-    steps = np.empty(T, dtype=np.int64)
-    t = episode_t0
-    for k in range(T):
-        steps[k] = t
-        t = 0 if done[k] else t + 1
-    return episodes, steps
-
-
-def audit_tags(obs: np.ndarray, instance: int, episode_id: int, episode_t0: int, done: np.ndarray) -> int:
-    """Number of steps whose observation tags disagree with the identity the fragment claims."""
-    tags = np.rint(obs[:, 1:4].astype(np.float64) * TAG_SCALE).astype(np.int64)
-    episodes, steps = expected_tags(episode_id, episode_t0, done)
-    ok = (tags[:, 0] == instance) & (tags[:, 1] == episodes % 10000) & (tags[:, 2] == steps)
-    return int((~ok).sum())
+from . import tagged  # noqa: E402,F401 - registers the tagged-episode env with gymnasium

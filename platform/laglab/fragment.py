@@ -10,7 +10,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: trunc_obs (final observations, evaluated by the learner's critic) and disc_return
 
 
 @dataclass(frozen=True)
@@ -39,8 +39,9 @@ class Fragment:
     terminated: np.ndarray  # [T] bool
     truncated: np.ndarray  # [T] bool (never together with terminated)
     logp: np.ndarray  # [T] float32, behavior log-prob of the action
-    values: np.ndarray  # [T] float32, behavior value estimates
-    trunc_values: np.ndarray  # [T] float32, behavior V(final obs) at truncated steps, else 0
+    values: np.ndarray  # [T] float32, behavior value estimates (diagnostic; the learner recomputes values)
+    trunc_obs: np.ndarray  # [K, *obs_shape] float32, the final observation of each truncated step, in time order
+    disc_return: np.ndarray  # [T] float32, the episode's discounted raw return through step t (reward scaling)
     last_obs: np.ndarray  # [*obs_shape] obs after the last step (bootstrap)
     mean: Optional[np.ndarray] = None  # [T, A] Gaussian mean (continuous actions)
     log_std: Optional[np.ndarray] = None  # [T, A] Gaussian log-std (continuous actions)
@@ -62,7 +63,7 @@ class Fragment:
     def nbytes(self) -> int:
         arrays: Tuple[Optional[np.ndarray], ...] = (
             self.obs, self.actions, self.rewards, self.terminated, self.truncated, self.logp,
-            self.values, self.trunc_values, self.last_obs, self.mean, self.log_std,
+            self.values, self.trunc_obs, self.disc_return, self.last_obs, self.mean, self.log_std,
         )
         return sum(a.nbytes for a in arrays if isinstance(a, np.ndarray)) + 9 * 8
 

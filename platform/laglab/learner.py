@@ -1,27 +1,72 @@
 """The learner: batch assembly from fragments, advantages (GAE | V-trace), PPO epochs (clip | dual-clip),
-observation-normalizer statistics, snapshot publication and checkpoints."""
+observation and reward normalization statistics, snapshot publication and checkpoints.
+
+The current policy is a pair (weights, observation statistics). The statistics the learner normalizes with
+are frozen when a snapshot is published, so data collected under the newest snapshot is evaluated by the
+learner exactly as the actor evaluated it (pi/mu = 1 on lag-0 data); new statistics are gathered from each
+batch after its epochs and take effect at the next publication. Reward scaling (by the std of the discounted
+return, as CleanRL / gymnasium's NormalizeReward) is the learner's too: fragments carry raw rewards and the
+running discounted return, so it survives actor restarts and resumes and does not depend on the actor count.
+"""
 from __future__ import annotations
 
 import collections
+import json
 import os
 import time
 from pathlib import Path
-from typing import Dict, NamedTuple, Sequence
+from typing import Any, Dict, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
 from . import algo
-from .config import Config, Estimator, LossKind
+from .config import Config, ConfigError, Estimator, LossKind
 from .envs import EnvSpec, RunningMeanStd, normalize
 from .fragment import Fragment, chain_depths, successors
 from .policy import ActorCritic, Snapshot
+from .tagged import audit_batch
 
 
 def build_model(cfg: Config, spec: EnvSpec) -> ActorCritic:
     p = cfg.policy
     return ActorCritic(spec, p.hidden_sizes, p.activation, p.log_std_init)
+
+
+def fingerprint(cfg: Config, spec: EnvSpec) -> Dict[str, Any]:
+    """What a checkpoint must agree on with the run that resumes from it."""
+    return {"env.id": cfg.env.id, "obs_shape": list(spec.obs_shape), "discrete": spec.discrete,
+            "n_actions": spec.n_actions, "policy.hidden_sizes": list(cfg.policy.hidden_sizes),
+            "policy.activation": cfg.policy.activation, "env.normalize_obs": cfg.env.normalize_obs,
+            "env.normalize_reward": cfg.env.normalize_reward, "algo.name": cfg.algo.name}
+
+
+class Stacked(NamedTuple):
+    """A batch of N equal-length fragments stacked time-major ([T, N]), raw (as the fragments carry it)."""
+
+    T: int
+    N: int
+    obs: np.ndarray  # [T, N, *obs]
+    actions: np.ndarray  # [T, N, *action]
+    rewards: np.ndarray  # [T, N] raw rewards
+    disc_return: np.ndarray  # [T, N]
+    terminated: np.ndarray  # [T, N]
+    truncated: np.ndarray  # [T, N]
+    logp: np.ndarray  # [T, N]
+    trunc_obs: np.ndarray  # [K, *obs] final observations of the truncated steps
+    trunc_pos: np.ndarray  # [K] their flat positions t * N + n in [T, N]
+    last_obs: np.ndarray  # [N, *obs]
+
+
+def stack(frags: Sequence[Fragment]) -> Stacked:
+    T, N = frags[0].length, len(frags)
+    st = lambda name: np.stack([getattr(f, name) for f in frags], axis=1)  # noqa: E731
+    trunc = st("truncated")
+    pos = [np.flatnonzero(f.truncated) * N + n for n, f in enumerate(frags)]
+    return Stacked(T, N, st("obs"), st("actions"), st("rewards"), st("disc_return"), st("terminated"), trunc,
+                   st("logp"), np.concatenate([f.trunc_obs for f in frags]), np.concatenate(pos).astype(np.int64),
+                   np.stack([f.last_obs for f in frags]))
 
 
 class Batch(NamedTuple):
@@ -30,8 +75,10 @@ class Batch(NamedTuple):
     obs: torch.Tensor  # [T*N, *obs], normalized
     actions: torch.Tensor  # [T*N, *action]
     last_obs: torch.Tensor  # [N, *obs], normalized
+    trunc_obs: torch.Tensor  # [K, *obs], normalized: evaluated by the current critic for the bootstrap
+    trunc_pos: torch.Tensor  # [K] flat positions in [T, N]
     behavior_logp: torch.Tensor  # [T, N]
-    rewards: torch.Tensor  # [T, N], truncation bootstraps folded in
+    rewards: torch.Tensor  # [T, N] (scaled if env.normalize_reward), truncation bootstraps not yet folded in
     discounts: torch.Tensor  # [T, N]
     lags: np.ndarray  # [N] version lag per fragment
     succ: np.ndarray  # [N] index of the proven-adjacent next fragment in the batch, or -1
@@ -44,16 +91,31 @@ class Learner:
         self.spec = spec
         self.model = build_model(cfg, spec)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.learner.lr, eps=cfg.learner.adam_eps)
-        self.obs_rms = RunningMeanStd(spec.obs_shape)
+        self.obs_rms = RunningMeanStd(spec.obs_shape)  # gathers statistics from every batch
+        self.obs_mean = self.obs_rms.mean.astype(np.float32)  # frozen at publication (see snapshot)
+        self.obs_var = self.obs_rms.var.astype(np.float32)
+        self.rew_rms = RunningMeanStd(())  # of the discounted raw return
         self.version = 0
         self.updates = 0
         self.consumed: Dict[int, int] = collections.defaultdict(int)  # incarnation -> watermark (see take)
         self.trained_steps = 0
+        self.next_incarnation = 1  # carried by checkpoints, so a resumed run never reuses an incarnation
         self.gen = torch.Generator().manual_seed(int(cfg.seed) + 7919)
+
+    def allocate_incarnation(self) -> int:
+        """The next actor incarnation number of this run (continued across resumes)."""
+        inc = self.next_incarnation
+        self.next_incarnation += 1
+        return inc
 
     # ---- publication -------------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        return Snapshot.make(self.version, self.model, self.obs_rms.mean, self.obs_rms.var, dict(self.consumed))
+        """Publish: freeze the observation statistics gathered so far (from now on the learner normalizes
+        with exactly the arrays this snapshot ships, as the actors that load it will)."""
+        snap = Snapshot.make(self.version, self.model, self.obs_rms.mean, self.obs_rms.var, dict(self.consumed),
+                             float(self.rew_rms.var))
+        self.obs_mean, self.obs_var = snap.obs_mean, snap.obs_var  # the very arrays shipped (float32)
+        return snap
 
     def take(self, frag: Fragment) -> int:
         """Record that an admitted fragment reached the learner; returns its version lag.
@@ -69,31 +131,44 @@ class Learner:
     # ---- update ------------------------------------------------------------------------------------
     def _norm(self, obs: np.ndarray) -> torch.Tensor:
         if self.cfg.env.normalize_obs:
-            obs = normalize(obs, self.obs_rms.mean, self.obs_rms.var, self.cfg.env.obs_clip)
+            obs = normalize(obs, self.obs_mean, self.obs_var, self.cfg.env.obs_clip)
         return torch.from_numpy(np.ascontiguousarray(obs, dtype=np.float32))
 
     def _batch(self, frags: Sequence[Fragment]) -> "Batch":
-        """Stack equal-length fragments time-major ([T, N]); fold truncation bootstraps into rewards."""
-        T, N = frags[0].length, len(frags)
+        """Stack equal-length fragments time-major ([T, N]), normalize, scale rewards."""
+        s = stack(frags)
+        T, N = s.T, s.N
         shape = self.spec.obs_shape
-        obs = self._norm(np.stack([f.obs for f in frags], axis=1)).reshape((T * N,) + shape)
-        actions = torch.from_numpy(np.stack([f.actions for f in frags], axis=1))
-        stack = lambda name: torch.from_numpy(np.stack([getattr(f, name) for f in frags], axis=1))  # noqa: E731
-        term, trunc = stack("terminated"), stack("truncated")
+        term, trunc = torch.from_numpy(s.terminated), torch.from_numpy(s.truncated)
+        rewards = torch.from_numpy(s.rewards)
+        if self.cfg.env.normalize_reward:
+            clip = self.cfg.env.reward_clip
+            rewards = torch.clamp(rewards / float(np.sqrt(self.rew_rms.var + 1e-8)), -clip, clip)
         gamma = self.cfg.algo.advantage.gamma
         succ = successors(frags)
         return Batch(
-            T=T, N=N, obs=obs,
-            actions=actions.reshape((T * N,) + self.spec.action_shape),
-            last_obs=self._norm(np.stack([f.last_obs for f in frags])),
-            behavior_logp=stack("logp"),
-            # a truncated step is bootstrapped with V(final obs), then cut like a termination
-            rewards=stack("rewards") + gamma * stack("trunc_values") * trunc.float(),
+            T=T, N=N, obs=self._norm(s.obs).reshape((T * N,) + shape),
+            actions=torch.from_numpy(s.actions).reshape((T * N,) + self.spec.action_shape),
+            last_obs=self._norm(s.last_obs),
+            trunc_obs=self._norm(s.trunc_obs).reshape((len(s.trunc_pos),) + shape),
+            trunc_pos=torch.from_numpy(s.trunc_pos),
+            behavior_logp=torch.from_numpy(s.logp),
+            rewards=rewards,
+            # a truncated step is bootstrapped with V(final obs) (folded in by _targets), then cut like a termination
             discounts=gamma * (1.0 - (term | trunc).float()),
             lags=self.version - np.array([f.id.behavior_version for f in frags]),
             succ=succ,
             depth=chain_depths(succ),
         )
+
+    def audit(self, frags: Sequence[Fragment]) -> int:
+        """Tagged env only: misattributed items in the batch these fragments assemble into (see
+        :func:`laglab.tagged.audit_batch`): stacking, reshaping, bootstrap observations, joins."""
+        s = stack(frags)
+        obs_rows = s.obs.reshape((s.T * s.N,) + self.spec.obs_shape)  # the layout the update trains on
+        actions = s.actions.reshape((s.T * s.N,) + self.spec.action_shape)
+        return audit_batch(obs_rows, actions, s.rewards, s.trunc_obs, s.trunc_pos, s.last_obs, frags,
+                           self.cfg.actor.envs_per_actor, successors(frags))
 
     @torch.no_grad()
     def _targets(self, b: "Batch"):
@@ -102,6 +177,10 @@ class Learner:
         values = self.model.value(b.obs).view(b.T, b.N)
         bootstrap = self.model.value(b.last_obs)
         cur_logp = self.model.logp_entropy(b.obs, b.actions)[0].view(b.T, b.N)
+        rewards = b.rewards.clone()
+        if len(b.trunc_pos):  # truncations: bootstrap with the *current* critic's value of the final observation
+            rewards.view(-1)[b.trunc_pos] += a.gamma * self.model.value(b.trunc_obs)
+        b = b._replace(rewards=rewards)
         adv = torch.zeros_like(values)
         returns = torch.zeros_like(values)
         # reassembly: a fragment whose successor is proven (by identity) to be in the batch continues into
@@ -132,15 +211,15 @@ class Learner:
         """One learner update on a batch of equal-length fragments; bumps the version."""
         cfg, lc, ac = self.cfg, self.cfg.learner, self.cfg.algo
         t_start = time.perf_counter()
-        if cfg.env.normalize_obs:
-            self.obs_rms.update(np.concatenate([f.obs for f in frags]))
+        if cfg.env.normalize_reward:  # the scale does not enter pi/mu, so the batch's own returns count now
+            self.rew_rms.update(np.concatenate([f.disc_return for f in frags]))
         b = self._batch(frags)
         adv, returns, values, cur_logp = self._targets(b)
         lag_kl = float(algo.approx_kl_k3(cur_logp, b.behavior_logp))
         obs, actions, lags = b.obs, b.actions, b.lags
 
-        if lc.anneal_lr:
-            frac = max(0.0, 1.0 - env_steps / cfg.total_env_steps)
+        if lc.anneal_lr:  # on learner progress: the budget's transitions trained before this update
+            frac = min(1.0, max(0.0, 1.0 - self.trained_steps / cfg.total_env_steps))
             for g in self.opt.param_groups:
                 g["lr"] = lc.lr * frac
         b_adv, b_ret, b_old = adv.reshape(-1), returns.reshape(-1), b.behavior_logp.reshape(-1)
@@ -186,6 +265,8 @@ class Learner:
             if lc.target_kl is not None and np.mean(kl_epoch) > lc.target_kl:
                 break
 
+        if cfg.env.normalize_obs:  # new statistics take effect at the next publication (see snapshot)
+            self.obs_rms.update(np.concatenate([f.obs for f in frags]))
         self.version += 1
         self.updates += 1
         self.trained_steps += B
@@ -207,16 +288,24 @@ class Learner:
 
     # ---- checkpoints -------------------------------------------------------------------------------
     def checkpoint_state(self, env_steps: int = 0) -> Dict[str, object]:
+        f64 = lambda a: torch.from_numpy(np.array(a, dtype=np.float64))  # noqa: E731
         return {
             "env_steps": int(env_steps),
             "model": self.model.state_dict(),
             "optimizer": self.opt.state_dict(),
-            "obs_mean": torch.from_numpy(np.asarray(self.obs_rms.mean, dtype=np.float64)),
-            "obs_var": torch.from_numpy(np.asarray(self.obs_rms.var, dtype=np.float64)),
+            "obs_mean": f64(self.obs_rms.mean),
+            "obs_var": f64(self.obs_rms.var),
             "obs_count": float(self.obs_rms.count),
+            "obs_norm_mean": f64(self.obs_mean),  # the statistics of the newest snapshot
+            "obs_norm_var": f64(self.obs_var),
+            "reward_var": float(self.rew_rms.var),
+            "reward_mean": float(self.rew_rms.mean),
+            "reward_count": float(self.rew_rms.count),
             "version": self.version,
             "updates": self.updates,
             "trained_steps": self.trained_steps,
+            "next_incarnation": int(self.next_incarnation),
+            "fingerprint": json.dumps(fingerprint(self.cfg, self.spec), sort_keys=True),
             "rng": self.gen.get_state(),
         }
 
@@ -230,18 +319,41 @@ class Learner:
         return path
 
     def load_checkpoint(self, path: Path) -> int:
-        """Restore everything saved; returns the env steps the checkpointed run had used."""
-        state = torch.load(path, weights_only=True)
+        """Restore everything saved; returns the env steps the checkpointed run had used. Refuses a
+        checkpoint made for another env, algorithm or network (:class:`ConfigError`)."""
+        state = read_checkpoint(path, self.cfg, self.spec)
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         self.obs_rms.mean = state["obs_mean"].numpy()
         self.obs_rms.var = state["obs_var"].numpy()
         self.obs_rms.count = float(state["obs_count"])
+        self.obs_mean = state["obs_norm_mean"].numpy().astype(np.float32)
+        self.obs_var = state["obs_norm_var"].numpy().astype(np.float32)
+        self.rew_rms.mean = np.float64(state["reward_mean"])
+        self.rew_rms.var = np.float64(state["reward_var"])
+        self.rew_rms.count = float(state["reward_count"])
         self.version = int(state["version"])
         self.updates = int(state["updates"])
         self.trained_steps = int(state["trained_steps"])
+        self.next_incarnation = int(state["next_incarnation"])
         self.gen.set_state(state["rng"])
         return int(state.get("env_steps", 0))
+
+
+def read_checkpoint(path: Path, cfg: Config, spec: EnvSpec) -> Dict[str, Any]:
+    """Load a checkpoint (``weights_only``: no arbitrary objects) and check that it fits this run."""
+    try:
+        state = torch.load(path, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - a truncated or foreign file
+        raise ConfigError(f"invalid config: resume: {path} is not a readable laglab checkpoint ({e})") from e
+    if "fingerprint" not in state or "next_incarnation" not in state:
+        raise ConfigError(f"invalid config: resume: {path} was written by an older laglab (no config fingerprint); "
+                          "it cannot be checked against this run")
+    saved, now = json.loads(state["fingerprint"]), fingerprint(cfg, spec)
+    diff = [f"{k}: checkpoint {saved.get(k)!r}, this run {v!r}" for k, v in now.items() if saved.get(k) != v]
+    if diff:
+        raise ConfigError(f"invalid config: resume={path} does not fit this run ({'; '.join(diff)})")
+    return state
 
 
 def batch_fragments(cfg: Config) -> int:

@@ -67,20 +67,22 @@ class Snapshot:
     runs a mix of two versions. Plain arrays: the same record can cross a process or host boundary.
 
     ``consumed`` maps actor incarnation -> env steps of its data the learner had taken when the
-    snapshot was made (the actors' throttle reads it)."""
+    snapshot was made (the actors' throttle reads it). ``reward_var`` is the variance of the discounted
+    return the learner scales rewards by (reward normalization is the learner's; shipped for evaluation)."""
 
     version: int
     weights: Mapping[str, np.ndarray]
     obs_mean: np.ndarray
     obs_var: np.ndarray
     consumed: Mapping[int, int] = field(default_factory=dict)
+    reward_var: float = 1.0
 
     @staticmethod
     def make(version: int, model: nn.Module, obs_mean: np.ndarray, obs_var: np.ndarray,
-             consumed: Optional[Dict[int, int]] = None) -> "Snapshot":
+             consumed: Optional[Dict[int, int]] = None, reward_var: float = 1.0) -> "Snapshot":
         weights = {k: _frozen(v.detach().cpu().numpy()) for k, v in model.state_dict().items()}
         return Snapshot(version, MappingProxyType(weights), _frozen(obs_mean), _frozen(obs_var),
-                        MappingProxyType(dict(consumed or {})))
+                        MappingProxyType(dict(consumed or {})), float(reward_var))
 
     def load_into(self, model: nn.Module) -> None:
         model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in self.weights.items()})

@@ -14,9 +14,9 @@ from omegaconf import OmegaConf
 
 from .config import Config, ConfigError
 from .envs import EnvSpec, make_env
-from .learner import Learner
+from .accounting import Budget
+from .learner import Learner, read_checkpoint
 from .runners import RUNNERS
-from .runners.base import Budget
 from .tracking import Tracker
 
 log = logging.getLogger("laglab")
@@ -38,6 +38,13 @@ def resume_checkpoint(run_dir: str) -> Path:
             return d / name
     raise ConfigError(f"invalid config: resume={run_dir!r} has no checkpoints/final.pt or checkpoints/latest.pt "
                       "(set learner.checkpoint_every to write checkpoints during a run)")
+
+
+def check_resume(cfg: Config, spec: EnvSpec) -> None:
+    """Refuse, before anything starts, a resume whose checkpoint was made for another env, algorithm or
+    network (:class:`ConfigError` naming what differs)."""
+    if cfg.resume:
+        read_checkpoint(resume_checkpoint(cfg.resume), cfg, spec)
 
 
 def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = None,

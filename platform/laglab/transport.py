@@ -34,21 +34,21 @@ class QueueStats:
 class FragmentQueue:
     """Bounded FIFO of fragments, bounded in items *and* bytes.
 
-    On overflow: ``block`` waits for room (the wait is timed), ``reject`` refuses the new fragment,
-    ``drop_oldest`` evicts from the head until the new one fits. Every refused or evicted transition
-    is counted by reason.
+    On overflow: ``block`` makes the producer wait for room (:meth:`try_put` says no, :meth:`wait_room`
+    waits), ``reject`` refuses the new fragment, ``drop_oldest`` evicts from the head until the new one
+    fits. Each item carries whether it is the first copy of its fragment to arrive; every refused or
+    evicted item is reported to ``on_discard(fragment, first, "dropped" | "rejected", reason)``.
     """
 
     def __init__(self, capacity: int, max_bytes: int, policy: Overflow = Overflow.block,
-                 on_discard: Optional[Callable[[Fragment, str, str], None]] = None):
-        """``on_discard(fragment, "dropped" | "rejected", reason)`` is told of every fragment the queue
-        refuses or evicts (the learner side uses it to tell a discarded re-delivery from lost data)."""
+                 on_discard: Optional[Callable[[Fragment, Optional[bool], str, str], None]] = None):
         self.on_discard = on_discard
         self.capacity = capacity
         self.max_bytes = max_bytes
         self.policy = Overflow(policy)
-        self._items: Deque[Tuple[Fragment, int, float]] = collections.deque()
+        self._items: Deque[Tuple[Fragment, Optional[bool], int, float]] = collections.deque()
         self._bytes = 0
+        self._first_steps = 0  # steps of first copies held
         self._closed = False
         self._cv = threading.Condition()
         self.stats = QueueStats()
@@ -56,78 +56,92 @@ class FragmentQueue:
     def _fits(self, nbytes: int) -> bool:
         return len(self._items) < self.capacity and self._bytes + nbytes <= self.max_bytes
 
-    def put(self, frag: Fragment, poll_s: float = 0.05, on_wait: Optional[Callable[[], None]] = None) -> bool:
-        """Enqueue; returns False if the fragment was refused. Raises :class:`Closed` after close()."""
-        if self._closed:
-            raise Closed()
+    def try_put(self, frag: Fragment, first: Optional[bool] = True) -> bool:
+        """Enqueue, or refuse or evict by policy, without waiting. False only under ``block`` when there is no
+        room (nothing changed: wait with :meth:`wait_room`, then try again). Raises :class:`Closed` after
+        :meth:`close`."""
         nbytes = frag.nbytes
-        steps = frag.length
         with self._cv:
-            if nbytes > self.max_bytes:
-                self._discard(frag, "rejected", "too_large")
-                return False
-            if not self._fits(nbytes):
-                if self.policy == Overflow.reject:
-                    self._discard(frag, "rejected", "overflow")
-                    return False
-                if self.policy == Overflow.drop_oldest:
-                    while not self._fits(nbytes):
-                        old, old_bytes, _ = self._items.popleft()
-                        self._bytes -= old_bytes
-                        self._discard(old, "dropped", "overflow")
-                else:
-                    t0 = time.perf_counter()
-                    while not self._fits(nbytes) and not self._closed:
-                        self._cv.wait(poll_s)
-                        if on_wait is not None:
-                            on_wait()  # e.g. a heartbeat: blocked on a full queue is not hung
-                    self.stats.blocked_s += time.perf_counter() - t0
             if self._closed:
                 raise Closed()
-            self._items.append((frag, nbytes, time.monotonic()))
+            if nbytes > self.max_bytes:
+                self._discard(frag, first, "rejected", "too_large")
+                return True
+            if not self._fits(nbytes):
+                if self.policy == Overflow.block:
+                    return False
+                if self.policy == Overflow.reject:
+                    self._discard(frag, first, "rejected", "overflow")
+                    return True
+                while not self._fits(nbytes):
+                    old, old_first, old_bytes, _ = self._items.popleft()
+                    self._bytes -= old_bytes
+                    self._first_steps -= old.length if old_first is True else 0
+                    self._discard(old, old_first, "dropped", "overflow")
+            self._items.append((frag, first, nbytes, time.monotonic()))
             self._bytes += nbytes
+            self._first_steps += frag.length if first is True else 0
             self.stats.put_fragments += 1
-            self.stats.put_steps += steps
+            self.stats.put_steps += frag.length
             self.stats.max_depth = max(self.stats.max_depth, len(self._items))
             self.stats.max_bytes = max(self.stats.max_bytes, self._bytes)
             self._cv.notify_all()
             return True
 
-    def _discard(self, frag: Fragment, bucket: str, reason: str) -> None:
+    def wait_room(self, nbytes: int, timeout: float) -> None:
+        """Wait (at most ``timeout``) until a fragment of ``nbytes`` would fit, or the queue closes."""
+        t0 = time.perf_counter()
+        with self._cv:
+            self._cv.wait_for(lambda: self._closed or self._fits(nbytes), timeout)
+            self.stats.blocked_s += time.perf_counter() - t0
+
+    def put(self, frag: Fragment, first: Optional[bool] = True, poll_s: float = 0.05) -> None:
+        """Enqueue, waiting for room under ``block`` (for callers that keep no books of their own)."""
+        while not self.try_put(frag, first):
+            self.wait_room(frag.nbytes, poll_s)
+
+    def _discard(self, frag: Fragment, first: Optional[bool], bucket: str, reason: str) -> None:
         (self.stats.dropped_steps if bucket == "dropped" else self.stats.rejected_steps)[reason] += frag.length
         if self.on_discard is not None:
-            self.on_discard(frag, bucket, reason)
+            self.on_discard(frag, first, bucket, reason)
 
-    def get(self, timeout: float) -> Optional[Tuple[Fragment, float]]:
-        """Dequeue the oldest fragment and its age in seconds, or None after ``timeout``."""
+    def get(self, timeout: float) -> Optional[Tuple[Fragment, Optional[bool], float]]:
+        """Dequeue the oldest item: (fragment, first copy?, age in seconds), or None after ``timeout``."""
         with self._cv:
             if not self._items:
                 self._cv.wait_for(lambda: self._items or self._closed, timeout)
             if not self._items:
                 return None
-            frag, nbytes, t_put = self._items.popleft()
+            frag, first, nbytes, t_put = self._items.popleft()
             self._bytes -= nbytes
+            self._first_steps -= frag.length if first is True else 0
             self.stats.got_fragments += 1
             self.stats.got_steps += frag.length
             self._cv.notify_all()
-            return frag, time.monotonic() - t_put
+            return frag, first, time.monotonic() - t_put
 
     def close(self) -> int:
-        """Refuse further puts, wake every waiter; returns the transitions still queued (now dropped)."""
+        """Refuse further puts, wake every waiter; the items still queued are dropped (``shutdown``); returns
+        their steps."""
         with self._cv:
             self._closed = True
-            left = sum(f.length for f, _, _ in self._items)
-            for f, _, _ in self._items:
-                self._discard(f, "dropped", "shutdown")
+            left = sum(f.length for f, _, _, _ in self._items)
+            for f, first, _, _ in self._items:
+                self._discard(f, first, "dropped", "shutdown")
             self._items.clear()
             self._bytes = 0
+            self._first_steps = 0
             self._cv.notify_all()
             return left
 
-    def counts(self):
-        """(dropped, rejected) steps by reason, copied under the queue's lock (producers add to them)."""
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def first_steps(self) -> int:
+        """Steps of first copies held (the queue's part of the transitions in flight)."""
         with self._cv:
-            return dict(self.stats.dropped_steps), dict(self.stats.rejected_steps)
+            return self._first_steps
 
     @property
     def depth(self) -> int:

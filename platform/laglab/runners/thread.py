@@ -1,42 +1,74 @@
 """Actor threads, learner in the calling thread, a bounded fragment queue between them, and a supervisor.
 
+How actors start: a thread per slot. How bytes move: fragment objects through a deque (``FragmentQueue``).
 Each actor thread: read the newest snapshot; pause while ``max_lead_steps`` says it is too far ahead;
-reserve a rollout from the budget; collect; send its fragments (through chaos, if configured) to the queue.
-The learner loop also supervises: an actor that crashed, or showed no heartbeat for
-``runner.heartbeat_timeout_s``, is restarted with a new incarnation after a backoff, up to
-``runner.actors_max_restarts`` times per slot; then the run stops with the actor's error — never a hang.
+reserve a rollout from the budget; collect; send its fragments over its link to the queue. The learner loop
+also supervises: an actor that crashed, or showed no heartbeat for ``runner.heartbeat_timeout_s``, is
+restarted with a new incarnation after ``runner.restart_backoff_s``, within the restart intensity; past it
+the run stops with the actor's error — never a hang.
 """
 from __future__ import annotations
 
-import collections
-import itertools
 import threading
 import time
 import traceback
 from typing import Any, Dict, List, Optional
 
+from ..accounting import DUPLICATE, FIRST, TOO_OLD, Budget, Ledger
 from ..actor import ActorStats, steps_per_rollout, throttle_state
 from ..admission import Admission
+from ..chaos import ActorKilled, ChaosCounts
 from ..config import Config
 from ..envs import EnvSpec
+from ..fragment import Fragment
 from ..learner import Learner
 from ..tracking import Tracker
 from ..transport import Closed, FragmentQueue, PolicyStore
-from .base import Budget, Incarnation, LearnerDriver, SharedCounts, counters, transport_summary
+from .driver import LearnerDriver
+from .supervisor import ActorFailed, RestartIntensity
+from .worker import ABANDONED, CLOSED, OK, Abandoned, Incarnation
+
+__all__ = ["run", "ActorFailed"]
 
 
-class ActorFailed(RuntimeError):
-    pass
+class QueueEndpoint:
+    """The receiving end of every actor's link: arrivals are recorded and enter the bounded queue (or are
+    refused by it, by policy) under the ledger's lock; under ``block`` the actor waits for room outside it."""
+
+    def __init__(self, ledger: Ledger, queue: FragmentQueue, poll_s: float):
+        self.ledger, self.queue, self.poll = ledger, queue, poll_s
+
+    def deliver(self, inc: Incarnation, frag: Fragment) -> str:
+        led, q = self.ledger, self.queue
+        t0 = time.perf_counter()
+        try:
+            while True:
+                with led.lock:
+                    cls = led.classify(frag)
+                    refusal = CLOSED if q.closed else ABANDONED if inc.abandoned.is_set() else None
+                    if refusal is not None or cls == TOO_OLD:
+                        led.arrive(frag, cls)
+                        if cls == FIRST:
+                            led.book("dropped", "shutdown" if refusal == CLOSED else "abandoned", frag.length)
+                        inc.channel.outbox.pop(0)
+                        return refusal or OK
+                    if q.try_put(frag, {FIRST: True, DUPLICATE: False}.get(cls)):
+                        led.arrive(frag, cls)
+                        inc.channel.outbox.pop(0)
+                        return OK
+                q.wait_room(frag.nbytes, self.poll)  # block: the queue is full
+                inc.beat()  # blocked on a full queue is not hung
+        finally:
+            inc.stats.blocked_s += time.perf_counter() - t0
 
 
 class Slot:
-    """One actor position: its current incarnation's thread and its restart history."""
+    """One actor position: its current incarnation's thread."""
 
     def __init__(self, actor_id: int):
         self.actor_id = actor_id
         self.inc: Optional[Incarnation] = None
         self.thread: Optional[threading.Thread] = None
-        self.restarts = 0
         self.start_at = 0.0
         self.finished = False  # the budget ran out: no restart
         self.error: Optional[str] = None
@@ -45,29 +77,29 @@ class Slot:
 
 def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: Budget, run_dir) -> Dict[str, Any]:
     store = PolicyStore(learner.snapshot())
-    admission = Admission(spec, cfg.actors, cfg.actor.envs_per_actor, cfg.transport.duplicates,
-                          cfg.transport.dedup_window, cfg.actor.rollout_len)
+    ledger = Ledger(cfg.actor.rollout_len, cfg.actor.envs_per_actor, cfg.transport.dedup_window,
+                    learner.allocate_incarnation)
+    admission = Admission(spec, cfg.actors, cfg.actor.envs_per_actor, cfg.transport.duplicates, cfg.actor.rollout_len)
     queue = FragmentQueue(cfg.transport.capacity, cfg.transport.max_bytes, cfg.transport.policy,
-                          on_discard=admission.discard)
+                          on_discard=lambda f, first, bucket, reason:
+                          ledger.book(bucket, reason, f.length) if first is True else None)
     stop = threading.Event()
-    counts = SharedCounts()
-    incarnations = itertools.count(1)
+    chaos_counts, chaos_lock = ChaosCounts(), threading.Lock()
     max_lead = cfg.actor.max_lead_steps
     per_rollout = steps_per_rollout(cfg)
     poll = cfg.runner.poll_s
+    endpoint = QueueEndpoint(ledger, queue, poll)
+    intensity = RestartIntensity(cfg.runner.actors_max_restarts, cfg.runner.restart_window_s)
     slots: List[Slot] = [Slot(i) for i in range(cfg.actors)]
-    abandoned: List[threading.Thread] = []
+    incarnations: List[Incarnation] = []  # every incarnation started (their links are read for the books)
+    threads: List[threading.Thread] = []
 
     def actor_main(slot: Slot, inc: Incarnation) -> None:
-        def send(frag) -> None:
-            t0 = time.perf_counter()
-            queue.put(frag, poll, on_wait=inc.beat)
-            inc.stats.blocked_s += time.perf_counter() - t0
-
         def wait_hung() -> None:  # a scripted hang: no heartbeat until the supervisor gives up on us
             while not (inc.abandoned.is_set() or stop.is_set()):
                 inc.abandoned.wait(poll)
 
+        reason = "shutdown"
         try:
             while not stop.is_set() and not inc.abandoned.is_set():
                 inc.beat()
@@ -76,7 +108,7 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
                 # with the budget spent there is nothing to wait for: go on to finish (waiting for credit
                 # here could wait forever once the others have finished and the learner lacks a full batch)
                 if pause and budget.has_room(per_rollout):
-                    inc.release_held(send)
+                    inc.release_held(endpoint)
                     t0 = time.perf_counter()
                     while pause and not stop.is_set() and budget.has_room(per_rollout):
                         inc.beat()
@@ -85,35 +117,34 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
                         pause, _ = throttle_state(inc.produced, store.credits(), inc.incarnation, max_lead)
                     inc.stats.throttle_s += time.perf_counter() - t0
                     continue
-                snap = store.latest()
-                if not inc.produce(snap, budget, tracker, send, wait_hung):
-                    inc.finish(send)
+                if not inc.produce(store.latest(), budget, tracker, endpoint, wait_hung):
                     if slot.inc is inc:
                         slot.finished = True
                     return
-            inc.finish(send)
         except Closed:
-            inc.close()
+            reason = "shutdown"
+        except Abandoned:
+            reason = "abandoned"
         except BaseException:  # noqa: BLE001 - reported to the supervisor (the learner thread)
+            reason = "abandoned" if inc.abandoned.is_set() else "actor_crash"
             if slot.inc is inc:  # an abandoned incarnation no longer speaks for its slot
                 slot.error = f"actor {inc.actor_id} (incarnation {inc.incarnation}) failed:\n{traceback.format_exc()}"
-            inc.close()
+        finally:
+            inc.close("abandoned" if inc.abandoned.is_set() else reason, endpoint)
 
     def start(slot: Slot) -> None:
         slot.error = None
-        inc = Incarnation(cfg, slot.actor_id, next(incarnations), counts)
+        inc = Incarnation(cfg, slot.actor_id, ledger, chaos_counts, chaos_lock)
+        incarnations.append(inc)
         slot.inc, slot.stats = inc, inc.stats
         slot.thread = threading.Thread(target=actor_main, args=(slot, inc), name=f"actor-{slot.actor_id}",
                                        daemon=True)
+        threads.append(slot.thread)
         slot.thread.start()
 
     def schedule_restart(slot: Slot, why: str) -> None:
-        rc = cfg.runner
-        if slot.restarts >= rc.actors_max_restarts:
-            raise ActorFailed(f"actor {slot.actor_id} stopped {slot.restarts + 1} times "
-                              f"(runner.actors_max_restarts={rc.actors_max_restarts}); last: {why}")
-        slot.start_at = time.monotonic() + rc.restart_backoff_s * (2 ** slot.restarts)
-        slot.restarts += 1
+        intensity.record(slot.actor_id, why)
+        slot.start_at = time.monotonic() + cfg.runner.restart_backoff_s
         slot.thread = None
 
     def supervise() -> bool:
@@ -132,33 +163,33 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
                     continue
                 schedule_restart(slot, slot.error or "exited")
             elif now - slot.inc.last_beat > cfg.runner.heartbeat_timeout_s:
-                slot.inc.abandoned.set()  # the old thread drops what it holds if it ever wakes up
-                abandoned.append(slot.thread)
+                slot.inc.abandoned.set()  # what the old thread sends, if it ever wakes up, is refused
                 schedule_restart(slot, f"no heartbeat for {cfg.runner.heartbeat_timeout_s}s "
                                        "(runner.heartbeat_timeout_s)")
         return live
 
     def gauges() -> Dict[str, float]:
-        q_dropped, q_rejected = queue.counts()
-        with counts.lock:
-            dropped = collections.Counter(counts.dropped)
-        dropped.update(q_dropped)
-        dropped["lag"] += driver.acct.dropped.get("lag", 0)
         return {"transport/queue_depth": float(queue.depth), "transport/queue_bytes": float(queue.bytes),
-                **counters("transport/dropped", dropped), **counters("transport/refused_by_queue", q_rejected)}
+                "transport/duplicates_too_old": float(ledger.too_old)}
 
-    driver = LearnerDriver(cfg, learner, tracker, budget, admission, publish=store.publish, gauges=gauges,
+    driver = LearnerDriver(cfg, learner, tracker, budget, admission, ledger, publish=store.publish,
+                           links=lambda: [f for inc in incarnations for f in inc.link_contents()],
+                           queue_steps=queue.first_steps, gauges=gauges,
                            actors=lambda: {s.actor_id: s.stats for s in slots},
                            checkpoint_dir=run_dir / "checkpoints")
     for slot in slots:
         start(slot)
+    granted = dict(learner.consumed)
     try:
         last_data = time.monotonic()
         while True:
             item = queue.get(poll)
             if item is None:
-                if driver.pending:  # starved with a partial batch: credit the actors with what arrived
-                    store.grant(learner.consumed)
+                # starved: credit the actors' throttle with whatever the learner has received since the last
+                # snapshot or grant (else paused actors wait for credit only the next update would give)
+                if learner.consumed != granted:
+                    granted = dict(learner.consumed)
+                    store.grant(granted)
                 if not supervise() and queue.depth == 0:
                     break
                 if time.monotonic() - last_data > cfg.runner.actor_timeout_s:
@@ -171,14 +202,13 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
     finally:
         stop.set()
         store.wake()
-        queue.close()
-        for t in [s.thread for s in slots if s.thread is not None] + abandoned:
+        with ledger.lock:
+            queue.close()
+        for t in threads:
             t.join(timeout=30)
-    acct = driver.close(counts)
-    restarts = sum(s.restarts for s in slots)
+    bal = driver.close()
     queue_info = {"max_depth": queue.stats.max_depth, "max_bytes": queue.stats.max_bytes,
                   "blocked_s": queue.stats.blocked_s, "capacity": queue.capacity, "max_bytes_bound": queue.max_bytes}
-    out = transport_summary(acct, admission, counts.chaos, restarts, {"queue": queue_info})
-    out["chaos"]["stalls"] = driver.stalls
-    out.update({"accounting": acct, "actor_stats": {s.actor_id: s.stats for s in slots}, "env_steps": budget.used})
+    out = driver.summary(bal, intensity.total, chaos_counts.as_dict(), {"queue": queue_info})
+    out.update({"actor_stats": {s.actor_id: s.stats for s in slots}, "env_steps": budget.used})
     return out

@@ -1,0 +1,171 @@
+"""The learner driver, the same for every runner: admission -> lag filter -> batch -> (tagged audit) ->
+update -> publish -> checkpoint -> log, with the transport's books checked at every update."""
+from __future__ import annotations
+
+import collections
+import time
+from pathlib import Path
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from ..accounting import Balance, Budget, Ledger, merged
+from ..actor import ActorStats
+from ..admission import Admission
+from ..config import Config
+from ..fragment import Fragment
+from ..learner import Learner, batch_fragments, lag_ok
+from ..policy import Snapshot
+from ..tagged import TAGGED_ID
+from ..tracking import Tracker
+
+
+class LearnerDriver:
+    """``links()`` lists the fragments still on the runner's links and ``queue_steps()`` the first-copy steps
+    in its queue (both read under the ledger's lock); ``gauges()`` adds the runner's own readings (queue depth,
+    bytes) and ``actors()`` its actors' stats, at each update."""
+
+    def __init__(self, cfg: Config, learner: Learner, tracker: Tracker, budget: Budget, admission: Admission,
+                 ledger: Ledger, publish: Callable[[Snapshot], None],
+                 links: Callable[[], Iterable[Fragment]] = lambda: (),
+                 queue_steps: Callable[[], int] = lambda: 0,
+                 gauges: Optional[Callable[[], Dict[str, float]]] = None,
+                 actors: Optional[Callable[[], Mapping[int, ActorStats]]] = None,
+                 checkpoint_dir: Optional[Path] = None):
+        self.cfg = cfg
+        self.learner = learner
+        self.tracker = tracker
+        self.budget = budget
+        self.admission = admission
+        self.ledger = ledger
+        self.publish = publish
+        self.links = links
+        self.queue_steps = queue_steps
+        self.gauges = gauges or (lambda: {})
+        self.actors = actors or (lambda: {})
+        self.checkpoint_dir = checkpoint_dir
+        self.need = batch_fragments(cfg)
+        self.tagged = cfg.env.id == TAGGED_ID
+        self.pending: List[Tuple[Fragment, bool]] = []  # (fragment, is the first copy) staged for the next batch
+        self.trained = 0  # first-copy transitions trained on
+        self.dropped: Dict[str, int] = collections.Counter()  # lag, shutdown (staging)
+        self.misattributed = 0
+        self.coverage: Dict[str, int] = collections.Counter()  # "actor/env" -> admitted steps
+        self.worst_unaccounted = 0
+        self._ages: List[float] = []
+        self._kept = 0
+        self._lag_dropped = 0
+        self._t_last = time.perf_counter()
+        self.wait_s = 0.0
+        self.compute_s = 0.0
+        self.stalls = 0
+
+    def offer(self, frag: Fragment, first: Optional[bool], age_s: float = 0.0) -> Optional[Dict[str, float]]:
+        """Hand one arrived fragment to the learner; returns the update's metrics row when it completed a batch."""
+        reason = self.admission.admit(frag, first, self.learner.version)
+        if reason not in (None, "charged"):
+            return None  # refused (counted by admission) or an ignored duplicate
+        first = reason is None
+        fid = frag.id
+        if first:
+            self.coverage[f"{fid.actor_id}/{fid.env_index}"] += frag.length
+        lag = self.learner.take(frag) if first else self.learner.version - fid.behavior_version
+        if not lag_ok(self.cfg, lag):
+            if first:
+                self.dropped["lag"] += frag.length
+                self._lag_dropped += frag.length
+            return None
+        self._kept += frag.length
+        self.pending.append((frag, first))
+        self._ages.append(age_s)
+        if len(self.pending) < self.need:
+            return None
+        return self._update()
+
+    def staging_steps(self) -> int:
+        return sum(f.length for f, first in self.pending if first)
+
+    def balance(self) -> Balance:
+        """Read the books (one consistent state, under the ledger's lock)."""
+        led = self.ledger
+        with led.lock:
+            link = led.link_steps(self.links())
+            queue = self.queue_steps()
+            lost = led.lost(link)
+            return Balance(
+                produced=led.produced, admitted=self.trained,
+                dropped=merged(led.dropped, self.dropped, {"lost_in_transit": lost}),
+                rejected=merged(led.rejected, self.admission.stats.rejected),
+                in_flight={"in_hand": led.in_hand, "link": link, "queue": queue, "staging": self.staging_steps()})
+
+    def _update(self) -> Dict[str, float]:
+        pending, ages = self.pending, self._ages
+        self.pending, self._ages = [], []
+        frags = [f for f, _ in pending]
+        t0 = time.perf_counter()
+        wait = t0 - self._t_last
+        if self.tagged:
+            self.misattributed += self.learner.audit(frags)
+        lags = self.learner.version - np.array([f.id.behavior_version for f in frags])
+        m = self.learner.update(frags, self.budget.used)
+        compute = time.perf_counter() - t0
+        self.wait_s += wait
+        self.compute_s += compute
+        self.trained += sum(f.length for f, first in pending if first)
+        m["lag/kept_frac"] = self._kept / max(1, self._kept + self._lag_dropped)
+        self._kept = self._lag_dropped = 0
+        m["transport/age_s_mean"] = float(np.mean(ages))
+        m["transport/age_s_max"] = float(np.max(ages))
+        st, led = self.admission.stats, self.ledger
+        m["transport/admitted"] = float(self.trained)
+        m["transport/admitted_fragments"] = float(st.admitted_fragments)
+        m["transport/bytes_admitted"] = float(st.bytes_admitted)
+        m["transport/duplicates"] = float(led.duplicates)
+        m["transport/misattributed"] = float(self.misattributed)
+        bal = self.balance()
+        self.worst_unaccounted = max(self.worst_unaccounted, abs(bal.unaccounted))
+        m.update(bal.metrics())
+        m["learner/wait_s"] = wait
+        m["learner/compute_s"] = compute
+        m["learner/wait_frac"] = self.wait_s / max(self.wait_s + self.compute_s, 1e-9)
+        m["learner/updates_per_s"] = self.learner.updates / max(self.tracker.wall(), 1e-9)
+        m.update(self.gauges())
+        if self.learner.updates % self.cfg.learner.broadcast_every == 0:
+            self.publish(self.learner.snapshot())
+        every = self.cfg.learner.checkpoint_every
+        if every and self.checkpoint_dir is not None and self.learner.updates % every == 0:
+            self.learner.save_checkpoint(self.checkpoint_dir / "latest.pt", self.budget.used)
+        # per-transition version lag (fragments have equal length, so per-fragment values weigh the same)
+        hists = {"lag/version_lag": lags, "transport/age_s": np.asarray(ages),
+                 # coverage: admitted steps so far per env instance (a skew shows which envs data is lost from)
+                 "transport/coverage": np.fromiter(self.coverage.values(), dtype=np.float64)}
+        row = self.tracker.log_update(m, self.budget.used, hists, self.actors())
+        ch = self.cfg.chaos
+        if ch.stall_every_updates and self.learner.updates % ch.stall_every_updates == 0 and ch.stall_s > 0:
+            self.stalls += 1
+            time.sleep(ch.stall_s)  # the injected fault: a learner that stops consuming for a while
+        self._t_last = time.perf_counter()
+        return row
+
+    def close(self) -> Balance:
+        """Final books, once no actor can produce any more: what is still staged is dropped (shutdown)."""
+        n = self.staging_steps()
+        if n:
+            self.dropped["shutdown"] += n
+        self.pending, self._ages = [], []
+        return self.balance()
+
+    def summary(self, bal: Balance, restarts: int, chaos: Dict[str, object],
+                extra: Optional[Dict[str, object]] = None) -> Dict[str, object]:
+        """The ``transport``, ``chaos`` and ``actor_restarts`` entries of summary.json."""
+        t = bal.as_dict()
+        st, led = self.admission.stats, self.ledger
+        t.update({"misattributed": self.misattributed, "coverage": dict(sorted(self.coverage.items())),
+                  "duplicates_detected": led.duplicates, "duplicate_steps_admitted": st.duplicate_steps_admitted,
+                  "too_old": led.too_old, "unattributed": led.unattributed, "bytes_admitted": st.bytes_admitted,
+                  "admitted_fragments": st.admitted_fragments, "worst_unaccounted_at_update": self.worst_unaccounted})
+        t.update(extra or {})
+        chaos = dict(chaos)
+        chaos["stalls"] = self.stalls
+        # ``actors`` stays the actor count in summary.json; restarts get their own key
+        return {"transport": t, "chaos": chaos, "actor_restarts": restarts}
