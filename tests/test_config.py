@@ -90,6 +90,9 @@ def _train(*args):
     (["actors=0"], "actors=0"),
     (["algo=dual_clip", "algo.loss.dual_clip_c=0.5"], "algo.loss.dual_clip_c"),
     (["env.id=NoSuchEnv-v9"], "env.id"),
+    (["+bogus_key=1"], "unknown key bogus_key"),  # forced past the schema with '+': refused all the same
+    (["+learner.bogus=1"], "unknown key learner.bogus"),
+    (["+tracking.wandb.projct=x"], "unknown key tracking.wandb.projct"),
 ])
 def test_train_py_refuses_bad_overrides_before_starting(args, needle):
     p = _train(*args)
@@ -97,6 +100,11 @@ def test_train_py_refuses_bad_overrides_before_starting(args, needle):
     err = p.stderr + p.stdout
     assert needle in err
     assert "laglab: ppo on" not in err  # nothing started
+
+
+def test_free_form_keys_stay_free():
+    c = validate(_compose("+env.kwargs.max_episode_steps=10", "env.id=CartPole-v1"))
+    assert c.env.kwargs == {"max_episode_steps": 10}
 
 
 def test_sweep_files_compose():

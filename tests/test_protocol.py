@@ -328,7 +328,7 @@ def test_chained_fragments_get_the_targets_of_one_long_sequence(tagged_fragments
         f, logp=np.log(np.where(np.arange(16) % 2 == 0, 0.9, 0.15)).astype(np.float32))
     a, b = far(frags[e]), far(frags[4 + e])
     with torch.no_grad():
-        cur = learner.model.logp_entropy(torch.from_numpy(a.obs), torch.from_numpy(a.actions))[0].numpy()
+        cur = learner.model.logp_entropy(torch.from_numpy(a.obs.copy()), torch.from_numpy(a.actions.copy()))[0].numpy()
     ratios = np.exp(cur - a.logp)
     assert ratios.max() > 2.5 and ratios.min() < 0.6
     adv, ret = learner.advantages([b, a])  # order in the batch does not matter

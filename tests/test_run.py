@@ -23,7 +23,8 @@ REQUIRED_SUMMARY = ["env_steps", "updates", "final_return_mean", "best_return_me
 
 def cfg_of(**over) -> Config:
     small = {"total_env_steps": 8192, "actor": {"envs_per_actor": 4, "rollout_len": 16},
-             "learner": {"batch_size": 512, "minibatches": 2, "epochs": 2}, "tracking": {"console_every_s": 1e9}}
+             "learner": {"batch_size": 512, "minibatches": 2, "epochs": 2},
+             "tracking": {"console_every_s": 1e9, "wandb": {"mode": "disabled"}}}
     return validate(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(small), OmegaConf.create(over)))
 
 
@@ -105,5 +106,78 @@ def test_continuous_presets_run_end_to_end(tmp_path, env, runner):
     assert s["updates"] == 4 and s["transport"]["balanced"]
     df = pd.read_parquet(tmp_path / "metrics.parquet")
     assert df[["losses/policy_loss", "losses/value_loss", "losses/entropy"]].notna().all().all()
-    snap_mean = torch.load(tmp_path / "checkpoints" / "final.pt", weights_only=True)["obs_mean"]
-    assert snap_mean.abs().sum() > 0  # the observation normalizer learned statistics
+    state = torch.load(tmp_path / "checkpoints" / "final.pt", weights_only=True)
+    assert state["obs_count"] == pytest.approx(4 * 1024, abs=1)  # the normalizer saw every trained transition
+    assert state["reward_count"] == pytest.approx(4 * 1024, abs=1)  # ... and so did the reward scale
+
+
+def test_sync_runner_takes_any_actor_count_and_keeps_every_batch_on_one_version(tmp_path):
+    # 8 actors x 4 envs x 16 steps = 512 steps a round, batch 256: half the actors fill one batch;
+    # 3 actors (192 a round) do not divide the batch: a batch takes whole rollouts of some envs of an actor
+    for actors in (8, 3):
+        s = run(cfg_of(runner={"name": "sync"}, actors=actors, learner={"batch_size": 256}), tmp_path / str(actors))
+        df = pd.read_parquet(tmp_path / str(actors) / "metrics.parquet")
+        assert (df["lag/max"] == 0).all() and (df["lag/kl_behavior"].abs() < 1e-5).all()
+        assert s["updates"] == 8192 // 256 and s["transport"]["balanced"]
+        cov = s["transport"]["coverage"]  # round robin: every env instance of every actor contributed
+        assert len(cov) == actors * 4 and max(cov.values()) - min(cov.values()) <= 16 * 2
+
+
+def test_sync_plan_visits_env_instances_round_robin():
+    from laglab.runners.sync import plan
+
+    assert plan(0, 6, 2, 4) == ([(0, [0, 1, 2, 3]), (1, [0, 1])], 6)
+    assert plan(6, 4, 2, 4) == ([(1, [2, 3]), (0, [0, 1])], 2)
+    assert plan(1, 9, 1, 4) == ([(0, [1, 2, 3, 0]), (0, [1, 2, 3, 0]), (0, [1])], 2)  # an env once per rollout
+
+
+def test_max_policy_lag_of_broadcast_every_minus_one_trains_on_every_snapshot(tmp_path):
+    s = run(cfg_of(learner={"broadcast_every": 3, "max_policy_lag": 2}), tmp_path)
+    df = pd.read_parquet(tmp_path / "metrics.parquet")
+    assert s["updates"] >= 8 and df["lag/max"].max() <= 2 and s["transport"]["balanced"]
+
+
+@pytest.mark.parametrize("env", ["pendulum", "halfcheetah"])
+def test_sync_run_with_normalization_is_exactly_on_policy_at_every_update(tmp_path, env):
+    # the learner normalizes with the statistics the data was collected with, so pi/mu = 1 before any step
+    if env == "halfcheetah":
+        pytest.importorskip("mujoco")
+    from hydra import compose, initialize_config_dir
+
+    from laglab.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=os.path.join(ROOT, "conf"), version_base="1.3"):
+        c = validate(compose(config_name="config", overrides=[
+            f"env={env}", "runner=sync", "actors=2", "total_env_steps=8192", "learner.batch_size=1024",
+            "learner.epochs=2", "policy.log_std_init=-2.0", "tracking.console_every_s=1e9",
+            "tracking.wandb.mode=disabled"]))
+    run(c, tmp_path)
+    df = pd.read_parquet(tmp_path / "metrics.parquet")
+    assert len(df) == 8
+    assert (df["lag/kl_behavior"].abs() < 1e-4).all(), df["lag/kl_behavior"].tolist()
+    state = torch.load(tmp_path / "checkpoints" / "final.pt", weights_only=True)
+    assert state["obs_count"] == pytest.approx(8 * 1024, abs=1)  # statistics from every trained transition
+
+
+def test_a_resumed_run_continues_incarnations_and_refuses_a_checkpoint_that_does_not_fit(tmp_path):
+    from laglab.config import ConfigError
+    from laglab.run import check_resume, env_spec
+
+    a = run(cfg_of(runner={"name": "sync"}, actors=2), tmp_path / "a")
+    first_b = torch.load(tmp_path / "a" / "checkpoints" / "final.pt", weights_only=True)["next_incarnation"]
+    assert first_b == 3  # incarnations 1 and 2 were used
+    b = run(cfg_of(runner={"name": "sync"}, actors=2, resume=str(tmp_path / "a"), total_env_steps=16384),
+            tmp_path / "b")
+    assert sorted(int(k.split("/")[0]) for k in b["transport"]["coverage"]) == [0] * 4 + [1] * 4
+    assert b["transport"]["balanced"] and b["start_env_steps"] == a["env_steps"]
+    assert torch.load(tmp_path / "b" / "checkpoints" / "final.pt", weights_only=True)["next_incarnation"] == 5
+    for over, key in [({"env": {"id": "Acrobot-v1"}}, "env.id"), ({"policy": {"hidden_sizes": [32]}},
+                                                                   "policy.hidden_sizes"),
+                      ({"algo": {"name": "vtrace"}}, "algo.name")]:
+        bad = cfg_of(resume=str(tmp_path / "a"), **over)
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            check_resume(bad, env_spec(bad))
+    p = subprocess.run([sys.executable, "train.py", f"resume={tmp_path / 'a'}", "env.id=Acrobot-v1",
+                        f"hydra.run.dir={tmp_path / 'c'}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "does not fit this run" in p.stderr and "env.id" in p.stderr
