@@ -152,3 +152,33 @@ def test_a_hung_actor_that_wakes_up_is_refused_at_the_endpoint(tmp_path):
     # each hang: the zombie's whole rollout (4 envs x 16 steps) is refused, none of it trained on
     assert s["chaos"]["hangs"] >= 1 and t["dropped"]["abandoned"] == 64 * s["chaos"]["hangs"]
     assert balanced(t) and t["misattributed"] == 0
+
+
+def test_an_actor_whose_newest_fragments_are_all_lost_still_gets_credit(tmp_path):
+    # one env per actor, at most one rollout of lead: a lost fragment used to stall its actor for good
+    s = run(cfg_of(runner={"name": "thread", "actor_timeout_s": 20.0}, total_env_steps=4096,
+                   actor={"envs_per_actor": 1, "rollout_len": 16, "max_lead_steps": 16},
+                   learner={"batch_size": 32, "minibatches": 2, "epochs": 1},
+                   chaos={"name": "lossy", "drop_p": 0.2}), tmp_path)
+    assert s["status"] == "completed" and s["env_steps"] > 4096 - 2 * 16
+    assert balanced(s["transport"]) and s["transport"]["dropped"]["lost_in_transit"] == s["chaos"]["dropped_steps"]
+
+
+def test_a_link_that_loses_data_silently_is_caught_by_the_watermarks(tmp_path, monkeypatch):
+    from laglab.chaos import ChaosChannel
+
+    real = ChaosChannel.send
+    silent = {"n": 0, "k": 0}
+
+    def leaky(self, frag):  # loses every 7th fragment and tells nobody (no chaos counter)
+        silent["k"] += 1
+        if silent["k"] % 7 == 0:
+            silent["n"] += 1
+            return
+        real(self, frag)
+
+    monkeypatch.setattr(ChaosChannel, "send", leaky)
+    s = run(cfg_of(runner={"name": "sync"}), tmp_path)
+    t = s["transport"]
+    assert s["chaos"]["dropped_steps"] == 0 and silent["n"] > 0
+    assert t["dropped"]["lost_in_transit"] == 16 * silent["n"] and balanced(t)

@@ -82,12 +82,12 @@ def test_update_bumps_version_reports_lag_and_ships_normalizer():
              make_frag(3, [1, 1, 1], [0, 0, 1], [0, 0, 0], version=5)]
     for f in frags:
         learner.take(f)
-    m = learner.update(frags, env_steps=6)
+    m = learner.update(frags)
     assert learner.version == 6 and learner.updates == 1
     assert (m["lag/min"], m["lag/max"], m["lag/mean"]) == (0.0, 2.0, 1.0)
     obs = np.concatenate([f.obs for f in frags])
     np.testing.assert_array_equal(learner.obs_mean, np.zeros(4))  # the update normalized with the old statistics
-    snap = learner.snapshot()  # publication freezes the new ones
+    snap = learner.publish_snapshot()  # publication freezes the new ones
     np.testing.assert_allclose(snap.obs_mean, obs.mean(0), rtol=1e-3, atol=1e-3)
     np.testing.assert_allclose(snap.obs_var, obs.var(0), rtol=1e-2, atol=1e-3)
     np.testing.assert_array_equal(learner.obs_mean, snap.obs_mean)  # ... and the learner now uses exactly those
@@ -106,7 +106,7 @@ def test_reward_scale_is_the_learners_and_survives_a_checkpoint(tmp_path):
     var = np.var(np.concatenate(returns))  # the batch's discounted returns (the running stats start empty)
     adv, ret = learner.advantages(frags)
     np.testing.assert_allclose(ret[:, 1].numpy(), [3.0, 2.0, 1.0], rtol=1e-6)  # before: nothing scaled yet
-    learner.update(frags, env_steps=6)
+    learner.update(frags)
     assert learner.rew_rms.var == pytest.approx(var, rel=1e-3)
     assert learner.snapshot().reward_var == pytest.approx(var, rel=1e-3)
     scaled = 1.0 / np.sqrt(var + 1e-8)
@@ -125,7 +125,7 @@ def test_learning_rate_anneals_on_trained_steps_to_zero_at_the_budget():
     for k in range(4):  # 4 batches of 6 = the budget
         frags = [make_frag(6 * k, [1, 1, 1], [0, 0, 0], [0, 0, 0]), make_frag(6 * k + 3, [1, 1, 1], [0, 0, 0],
                                                                                [0, 0, 0])]
-        lrs.append(learner.update(frags, env_steps=10**9)["charts/lr"])  # reserved env steps play no part
+        lrs.append(learner.update(frags)["charts/lr"])  # progress: trained transitions (the driver passes fates)
     np.testing.assert_allclose(lrs, [0.01, 0.0075, 0.005, 0.0025], rtol=1e-6)
     assert learner.trained_steps == 24  # one more update would train at lr 0: the budget is trained
 
@@ -137,7 +137,7 @@ def test_continuous_update_and_checkpoint_round_trip(tmp_path):
     learner = Learner(cfg, spec)
     frags = [make_frag(3 * i, [-1, -2, -3], [0, 0, 0], [0, 0, 0], obs_dim=3, discrete=False, seed=i)
              for i in range(2)]
-    learner.update(frags, env_steps=6)
+    learner.update(frags)
     path = learner.save_checkpoint(tmp_path / "ck.pt")
     other = Learner(cfg, spec)
     other.load_checkpoint(path)

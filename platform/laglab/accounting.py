@@ -103,6 +103,10 @@ class Ledger:
     def sent(self, inc: int, env_index: int, t_end: int, steps: int) -> None:
         """A fragment left the producer's hands into the link."""
         self.in_hand -= steps
+        self.mark_sent(inc, env_index, t_end)
+
+    def mark_sent(self, inc: int, env_index: int, t_end: int) -> None:
+        """Advance a stream's watermark (the producer reports its own in-hand count: the process runner)."""
         s = self.streams.setdefault((inc, env_index), Stream())
         s.sent = max(s.sent, t_end + 1)
 
@@ -178,6 +182,13 @@ class Ledger:
     def lost(self, link_steps: int) -> int:
         """Sent, never arrived, and not in any link: lost in transit (detected by timestep watermarks)."""
         return sum(s.sent - s.arrived for s in self.streams.values()) - link_steps
+
+    def sent_by_incarnation(self) -> Dict[int, int]:
+        """Steps each incarnation has handed to its link (the sum of its streams' watermarks)."""
+        out: Dict[int, int] = collections.Counter()
+        for (inc, _), s in self.streams.items():
+            out[inc] += s.sent
+        return dict(out)
 
     def gaps(self) -> Dict[Tuple[int, int], int]:
         """Per stream: steps sent that have not arrived (in a link or lost)."""

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .config import Config
 from .envs import EnvGroup, discounted_return, normalize
 from .fragment import Fragment, FragmentId
-from .policy import InferencePolicy, Snapshot
+from .inference import InferencePolicy, Snapshot
 
 
 @dataclass
@@ -43,6 +43,7 @@ class ActorStats:
     blocked_s: float = 0.0  # waiting for room in the queue
     version: int = -1
     loads: int = 0
+    snapshot_s: float = 0.0  # copying snapshots in (process runner)
 
 
 def lead(produced: int, consumed: Mapping[int, int], incarnation: int) -> int:
@@ -63,11 +64,12 @@ class Actor:
         self.incarnation = incarnation
         n = cfg.actor.envs_per_actor
         seed = seed_for(cfg.seed, actor_id, incarnation)
-        self.envs = EnvGroup(cfg.env, n, seed % (2**31))
+        self.envs = EnvGroup(cfg.env, n, seed % (2**31), actor_id)
         self.spec = self.envs.spec
         self.envs.tag(actor_id * n)
         self.rng = np.random.default_rng(seed)
         self.policy: Optional[InferencePolicy] = None
+        self.heartbeat: Optional[Callable[[], None]] = None  # called every step: alive while collecting
         self.snapshot: Optional[Snapshot] = None
         self.stats = ActorStats()
         self.obs = self.envs.reset()
@@ -118,7 +120,10 @@ class Actor:
         episodes: List[Episode] = []
         env_s = infer_s = 0.0
         obs = self.obs[sel]
+        beat = self.heartbeat
         for step in range(T):
+            if beat is not None:
+                beat()
             t0 = time.perf_counter()
             a_np, logp, v, mean, log_std = self.policy.act(self._norm(obs), self.rng)
             if spec.discrete:

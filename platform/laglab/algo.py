@@ -12,8 +12,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
-LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
-HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+from .inference import HALF_LOG_2PI, LOG_STD_MAX, LOG_STD_MIN  # noqa: E402,F401 - shared with the numpy side
 
 
 def gae(rewards: Tensor, values: Tensor, bootstrap: Tensor, discounts: Tensor, lam: float,

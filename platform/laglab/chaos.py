@@ -39,6 +39,7 @@ class ChaosCounts:
     kills: int = 0
     hangs: int = 0
     stalls: int = 0
+    lost_held_steps: int = 0  # held on the link of an actor process when it was killed (died with it)
 
     def merge(self, other: "ChaosCounts") -> None:
         for f in dataclasses.fields(self):
@@ -82,8 +83,12 @@ class ChaosChannel:
     wait in ``held`` until enough later deliveries have passed them. Without faults configured, the link
     is a plain FIFO."""
 
-    def __init__(self, cfg: ChaosConfig, seed: int, actor_id: int, incarnation: int):
+    def __init__(self, cfg: ChaosConfig, seed: int, actor_id: int, incarnation: int,
+                 kinds: Tuple[str, ...] = CORRUPTIONS):
+        """``kinds``: the corruptions this link can carry (fixed-layout shared-memory slots cannot hold an
+        array of the wrong shape, so the process runner leaves "shape" out)."""
         self.cfg = cfg
+        self.kinds = kinds
         self.rng = np.random.default_rng([seed, actor_id, incarnation, 0xC4A05])
         self.counts = ChaosCounts()
         self.held: List[Tuple[Fragment, int]] = []  # (fragment, deliveries still to wait)
@@ -104,7 +109,7 @@ class ChaosChannel:
             self.counts.dropped_steps += frag.length
         else:
             if r.random() < c.corrupt_p:
-                kind = CORRUPTIONS[int(r.integers(len(CORRUPTIONS)))]
+                kind = self.kinds[int(r.integers(len(self.kinds)))]
                 frag = corrupt(frag, kind)
                 self.counts.corrupted[kind] += 1
                 self.counts.corrupted_steps[kind] += frag.length

@@ -29,6 +29,7 @@ class LossKind(str, Enum):
 class RunnerKind(str, Enum):
     thread = "thread"
     sync = "sync"
+    process = "process"
 
 
 class Duplicates(str, Enum):
@@ -74,10 +75,11 @@ class EnvConfig:
     id: str = "CartPole-v1"
     kwargs: Dict[str, Any] = field(default_factory=dict)
     max_episode_steps: Optional[int] = None
-    normalize_obs: bool = False  # running mean/std owned by the learner, shipped with every snapshot
+    normalize_obs: bool = False  # running mean/std owned by the learner, frozen and shipped with every snapshot
     obs_clip: float = 10.0
-    normalize_reward: bool = False  # per-env scaling by the std of the discounted return (actor side)
+    normalize_reward: bool = False  # scale rewards by the std of the discounted return (learner side)
     reward_clip: float = 10.0
+    latency_ms: List[float] = field(default_factory=list)  # env=latency: per-step cost, cycled over the actors
 
 
 @dataclass
@@ -123,6 +125,9 @@ class RunnerConfig:
     restart_window_s: float = 10.0
     heartbeat_timeout_s: float = 60.0  # an actor that shows no sign of life this long is declared hung
     restart_backoff_s: float = 0.5  # wait before a restart
+    start_method: str = "spawn"  # process runner: spawn | forkserver
+    slots_per_actor: int = 0  # process runner: shared-memory fragment slots per actor (0 = auto)
+    start_timeout_s: float = 120.0  # process runner: an actor process that has not started by then fails the run
 
 
 @dataclass
@@ -349,6 +354,10 @@ def validate(cfg: Any) -> Config:
         "would all be dropped",
         lr.max_policy_lag,
     )
+    _require(not (c.env.id == "laglab/Tagged-v0" and c.env.normalize_obs), "env.normalize_obs",
+             "false with the tagged env (its audit reads the tags from the observations the learner trains on)",
+             c.env.normalize_obs)
+    _require(all(x >= 0 for x in c.env.latency_ms), "env.latency_ms", "a list of numbers >= 0", c.env.latency_ms)
     _require(c.transport.capacity >= 1, "transport.capacity", "an integer >= 1", c.transport.capacity)
     _require(c.transport.dedup_window >= 1, "transport.dedup_window", "an integer >= 1", c.transport.dedup_window)
     _require(c.transport.max_bytes >= 1, "transport.max_bytes", "an integer >= 1", c.transport.max_bytes)
@@ -361,10 +370,15 @@ def validate(cfg: Any) -> Config:
         v = getattr(ch, k)
         _require(v is None or v >= 1, f"chaos.{k}", "null or an integer >= 1", v)
     _require(ch.stall_s >= 0, "chaos.stall_s", "a number >= 0", ch.stall_s)
-    _require(ch.hang_every_steps is None or c.runner.name == RunnerKind.thread, "chaos.hang_every_steps",
+    _require(ch.hang_every_steps is None or c.runner.name != RunnerKind.sync, "chaos.hang_every_steps",
              "null with runner=sync (a hung actor would hang the one thread there)", ch.hang_every_steps)
     _require(c.runner.actors_max_restarts >= 0, "runner.actors_max_restarts", "an integer >= 0",
              c.runner.actors_max_restarts)
+    _require(c.runner.start_method in ("spawn", "forkserver"), "runner.start_method", "spawn | forkserver",
+             c.runner.start_method)
+    _require(c.runner.slots_per_actor >= 0, "runner.slots_per_actor", "0 (auto) or an integer >= 1",
+             c.runner.slots_per_actor)
+    _require(c.runner.start_timeout_s > 0, "runner.start_timeout_s", "a number > 0", c.runner.start_timeout_s)
     _require(c.runner.restart_window_s > 0, "runner.restart_window_s", "a number > 0", c.runner.restart_window_s)
     _require(c.runner.restart_backoff_s >= 0, "runner.restart_backoff_s", "a number >= 0", c.runner.restart_backoff_s)
     _require(c.runner.heartbeat_timeout_s > 0, "runner.heartbeat_timeout_s", "a number > 0",

@@ -2,6 +2,7 @@
 steps with one batched action, and the running statistics used for observation/reward normalization."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -11,9 +12,51 @@ import numpy as np
 from .config import ConfigError, EnvConfig
 
 
-def make_env(cfg: EnvConfig) -> gym.Env:
-    """Build one environment; unknown ids and missing extras become a :class:`ConfigError`."""
+LATENCY_ID = "laglab/Latency-v0"
+
+
+class LatencyEnv(gym.Env):
+    """A task whose every step costs ``latency_ms`` of wall time without holding the GIL (a sleep), for scaling
+    studies that separate runner overhead from env cost. Observations are 4 random numbers, the reward is 1
+    when the action matches the sign of the first one, episodes last ``horizon`` steps (truncated)."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, latency_ms: float = 2.0, horizon: int = 200):
+        self.latency_s = float(latency_ms) / 1000.0
+        self.horizon = horizon
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.t = 0
+        self._obs = np.zeros(4, np.float32)
+
+    def _draw(self) -> np.ndarray:
+        self._obs = self.np_random.uniform(-1.0, 1.0, 4).astype(np.float32)
+        return self._obs
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._draw(), {}
+
+    def step(self, action):
+        if self.latency_s > 0:
+            time.sleep(self.latency_s)
+        reward = float(int(action) == int(self._obs[0] > 0))
+        self.t += 1
+        return self._draw(), reward, False, self.t >= self.horizon, {}
+
+
+if LATENCY_ID not in gym.registry:
+    gym.register(LATENCY_ID, entry_point=LatencyEnv)
+
+
+def make_env(cfg: EnvConfig, actor_id: Optional[int] = None) -> gym.Env:
+    """Build one environment; unknown ids and missing extras become a :class:`ConfigError`. For the latency
+    env, actor ``i`` gets ``env.latency_ms[i % len]`` (heterogeneous simulators)."""
     kwargs: Dict[str, Any] = dict(cfg.kwargs or {})
+    if cfg.id == LATENCY_ID and cfg.latency_ms:
+        kwargs.setdefault("latency_ms", float(cfg.latency_ms[(actor_id or 0) % len(cfg.latency_ms)]))
     if cfg.max_episode_steps is not None:
         kwargs["max_episode_steps"] = cfg.max_episode_steps
     try:
@@ -79,8 +122,8 @@ class EnvGroup:
     """E environments stepped together; an episode that ends is reset in the same step (its final
     observation is returned separately, so truncation can be bootstrapped)."""
 
-    def __init__(self, cfg: EnvConfig, n: int, seed: int):
-        self.envs: List[gym.Env] = [make_env(cfg) for _ in range(n)]
+    def __init__(self, cfg: EnvConfig, n: int, seed: int, actor_id: Optional[int] = None):
+        self.envs: List[gym.Env] = [make_env(cfg, actor_id) for _ in range(n)]
         self.spec = EnvSpec.of(self.envs[0])
         self.n = n
         self._seed = seed

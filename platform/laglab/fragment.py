@@ -35,7 +35,7 @@ class Fragment:
     id: FragmentId
     obs: np.ndarray  # [T, *obs_shape] float32, raw (unnormalized) observations
     actions: np.ndarray  # [T] int64 or [T, A] float32 (the sampled, unclipped action)
-    rewards: np.ndarray  # [T] float32 (scaled if env.normalize_reward)
+    rewards: np.ndarray  # [T] float32, raw env rewards (the learner scales them if env.normalize_reward)
     terminated: np.ndarray  # [T] bool
     truncated: np.ndarray  # [T] bool (never together with terminated)
     logp: np.ndarray  # [T] float32, behavior log-prob of the action

@@ -35,11 +35,17 @@ def build_model(cfg: Config, spec: EnvSpec) -> ActorCritic:
 
 
 def fingerprint(cfg: Config, spec: EnvSpec) -> Dict[str, Any]:
-    """What a checkpoint must agree on with the run that resumes from it."""
-    return {"env.id": cfg.env.id, "obs_shape": list(spec.obs_shape), "discrete": spec.discrete,
-            "n_actions": spec.n_actions, "policy.hidden_sizes": list(cfg.policy.hidden_sizes),
-            "policy.activation": cfg.policy.activation, "env.normalize_obs": cfg.env.normalize_obs,
-            "env.normalize_reward": cfg.env.normalize_reward, "algo.name": cfg.algo.name}
+    """What a checkpoint must agree on with the run that resumes from it (the task, the network, the
+    normalizers' meaning, the algorithm)."""
+    return {"env.id": cfg.env.id, "env.kwargs": dict(sorted((cfg.env.kwargs or {}).items())),
+            "env.max_episode_steps": cfg.env.max_episode_steps, "obs_shape": list(spec.obs_shape),
+            "discrete": spec.discrete, "n_actions": spec.n_actions,
+            "action_low": None if spec.action_low is None else [float(x) for x in spec.action_low],
+            "action_high": None if spec.action_high is None else [float(x) for x in spec.action_high],
+            "policy.hidden_sizes": list(cfg.policy.hidden_sizes), "policy.activation": cfg.policy.activation,
+            "env.normalize_obs": cfg.env.normalize_obs, "env.obs_clip": cfg.env.obs_clip,
+            "env.normalize_reward": cfg.env.normalize_reward, "env.reward_clip": cfg.env.reward_clip,
+            "algo.name": cfg.algo.name, "algo.advantage.gamma": cfg.algo.advantage.gamma}
 
 
 class Stacked(NamedTuple):
@@ -79,6 +85,7 @@ class Batch(NamedTuple):
     trunc_pos: torch.Tensor  # [K] flat positions in [T, N]
     behavior_logp: torch.Tensor  # [T, N]
     rewards: torch.Tensor  # [T, N] (scaled if env.normalize_reward), truncation bootstraps not yet folded in
+    raw_rewards: np.ndarray  # [T, N] as the fragments carry them (for the tagged audit)
     discounts: torch.Tensor  # [T, N]
     lags: np.ndarray  # [N] version lag per fragment
     succ: np.ndarray  # [N] index of the proven-adjacent next fragment in the batch, or -1
@@ -110,7 +117,13 @@ class Learner:
 
     # ---- publication -------------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        """Publish: freeze the observation statistics gathered so far (from now on the learner normalizes
+        """The current policy as a snapshot (weights and the observation statistics the learner normalizes with
+        now); no side effect."""
+        return Snapshot.make(self.version, self.model, self.obs_mean, self.obs_var, dict(self.consumed),
+                             float(self.rew_rms.var))
+
+    def publish_snapshot(self) -> Snapshot:
+        """Publication: freeze the observation statistics gathered so far (from now on the learner normalizes
         with exactly the arrays this snapshot ships, as the actors that load it will)."""
         snap = Snapshot.make(self.version, self.model, self.obs_rms.mean, self.obs_rms.var, dict(self.consumed),
                              float(self.rew_rms.var))
@@ -154,6 +167,7 @@ class Learner:
             trunc_pos=torch.from_numpy(s.trunc_pos),
             behavior_logp=torch.from_numpy(s.logp),
             rewards=rewards,
+            raw_rewards=s.rewards,
             # a truncated step is bootstrapped with V(final obs) (folded in by _targets), then cut like a termination
             discounts=gamma * (1.0 - (term | trunc).float()),
             lags=self.version - np.array([f.id.behavior_version for f in frags]),
@@ -162,13 +176,14 @@ class Learner:
         )
 
     def audit(self, frags: Sequence[Fragment]) -> int:
-        """Tagged env only: misattributed items in the batch these fragments assemble into (see
-        :func:`laglab.tagged.audit_batch`): stacking, reshaping, bootstrap observations, joins."""
-        s = stack(frags)
-        obs_rows = s.obs.reshape((s.T * s.N,) + self.spec.obs_shape)  # the layout the update trains on
-        actions = s.actions.reshape((s.T * s.N,) + self.spec.action_shape)
-        return audit_batch(obs_rows, actions, s.rewards, s.trunc_obs, s.trunc_pos, s.last_obs, frags,
-                           self.cfg.actor.envs_per_actor, successors(frags))
+        """Tagged env only: misattributed items in the batch these fragments assemble into."""
+        return self._audit(self._batch(frags), frags)
+
+    def _audit(self, b: "Batch", frags: Sequence[Fragment]) -> int:
+        """Audit the very tensors an update trains on (see :func:`laglab.tagged.audit_batch`): the [T*N] rows,
+        the truncation observations at the flat positions the bootstrap uses, the bootstrap observations."""
+        return audit_batch(b.obs.numpy(), b.actions.numpy(), b.raw_rewards, b.trunc_obs.numpy(), b.trunc_pos.numpy(),
+                           b.last_obs.numpy(), frags, self.cfg.actor.envs_per_actor, b.succ)
 
     @torch.no_grad()
     def _targets(self, b: "Batch"):
@@ -207,19 +222,24 @@ class Learner:
         adv, returns, _, _ = self._targets(self._batch(frags))
         return adv, returns
 
-    def update(self, frags: Sequence[Fragment], env_steps: int) -> Dict[str, float]:
-        """One learner update on a batch of equal-length fragments; bumps the version."""
+    def update(self, frags: Sequence[Fragment], progress: Optional[int] = None, audit: bool = False) -> Dict[str, float]:
+        """One learner update on a batch of equal-length fragments; bumps the version. ``progress``: transitions
+        of the budget that met their fate before this batch (trained, dropped or rejected; default: trained), for
+        the lr schedule. ``audit``: check the batch against the tagged env's tags first (reported as
+        ``transport/audit_misattributed``)."""
         cfg, lc, ac = self.cfg, self.cfg.learner, self.cfg.algo
         t_start = time.perf_counter()
         if cfg.env.normalize_reward:  # the scale does not enter pi/mu, so the batch's own returns count now
             self.rew_rms.update(np.concatenate([f.disc_return for f in frags]))
         b = self._batch(frags)
+        misattributed = self._audit(b, frags) if audit else 0
         adv, returns, values, cur_logp = self._targets(b)
         lag_kl = float(algo.approx_kl_k3(cur_logp, b.behavior_logp))
         obs, actions, lags = b.obs, b.actions, b.lags
 
-        if lc.anneal_lr:  # on learner progress: the budget's transitions trained before this update
-            frac = min(1.0, max(0.0, 1.0 - self.trained_steps / cfg.total_env_steps))
+        if lc.anneal_lr:  # on learner progress: the budget's transitions that met their fate before this update
+            done = self.trained_steps if progress is None else progress
+            frac = min(1.0, max(0.0, 1.0 - done / cfg.total_env_steps))
             for g in self.opt.param_groups:
                 g["lr"] = lc.lr * frac
         b_adv, b_ret, b_old = adv.reshape(-1), returns.reshape(-1), b.behavior_logp.reshape(-1)
@@ -284,6 +304,8 @@ class Learner:
             "learner/update_s": time.perf_counter() - t_start,
             "learner/version": float(self.version),
         })
+        if audit:
+            m["transport/audit_misattributed"] = float(misattributed)
         return m
 
     # ---- checkpoints -------------------------------------------------------------------------------

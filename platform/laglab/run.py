@@ -16,7 +16,7 @@ from .config import Config, ConfigError
 from .envs import EnvSpec, make_env
 from .accounting import Budget
 from .learner import Learner, read_checkpoint
-from .runners import RUNNERS
+from . import runners
 from .tracking import Tracker
 
 log = logging.getLogger("laglab")
@@ -75,13 +75,19 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
     status, error, result = "failed", None, {}
     t0 = time.perf_counter()
     try:
-        result = RUNNERS[cfg.runner.name](cfg, learner, tracker, spec, budget, run_dir)
+        result = runners.get(cfg.runner.name)(cfg, learner, tracker, spec, budget, run_dir)
         status = "completed"
-    except KeyboardInterrupt:
-        status = "interrupted"
-        raise
     except BaseException as e:
-        error = f"{type(e).__name__}: {e}"
+        if isinstance(e, KeyboardInterrupt):
+            status = "interrupted"
+        else:
+            error = f"{type(e).__name__}: {e}"
+        books = getattr(e, "laglab_books", None)
+        if books is not None:  # the books up to the failure or interruption (every actor has stopped by now)
+            try:
+                result = books()
+            except Exception:  # noqa: BLE001 - a failure report must not fail
+                pass
         raise
     finally:
         wall = time.perf_counter() - t0

@@ -138,7 +138,8 @@ class Progress:
 
 
 # ---- the tracker -----------------------------------------------------------------------------------------
-ACTOR_FIELDS = ("steps", "episodes", "version", "env_s", "infer_s", "throttle_s", "blocked_s", "rollouts")
+ACTOR_FIELDS = ("steps", "episodes", "version", "env_s", "infer_s", "throttle_s", "blocked_s", "snapshot_s",
+                "rollouts")
 
 
 class Tracker:
@@ -240,7 +241,8 @@ class Tracker:
                 data["charts/episodic_return"] = float(np.mean([e.ret for e in fresh]))
                 data["charts/episode_length"] = float(np.mean([e.length for e in fresh]))
             for r in a_rows:
-                for k in ("sps", "episodes", "version", "lag", "env_s", "infer_s", "throttle_s", "blocked_s"):
+                for k in ("sps", "episodes", "version", "lag", "env_s", "infer_s", "throttle_s", "blocked_s",
+                          "snapshot_s"):
                     data[f"actor/{r['actor']}/{k}"] = r[k]
             self.wandb.log(data, hists if hist_now else {})
         elif self.wandb:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -18,16 +18,17 @@ from ..learner import Learner, batch_fragments, lag_ok
 from ..policy import Snapshot
 from ..tagged import TAGGED_ID
 from ..tracking import Tracker
+from .supervisor import ActorFailed
 
 
 class LearnerDriver:
-    """``links()`` lists the fragments still on the runner's links and ``queue_steps()`` the first-copy steps
-    in its queue (both read under the ledger's lock); ``gauges()`` adds the runner's own readings (queue depth,
+    """``link_steps()`` is what the runner's links still hold (steps of fragments handed over whose first copy
+    has not arrived) and ``queue_steps()`` the first-copy steps in its queue (both read under the ledger's lock); ``gauges()`` adds the runner's own readings (queue depth,
     bytes) and ``actors()`` its actors' stats, at each update."""
 
     def __init__(self, cfg: Config, learner: Learner, tracker: Tracker, budget: Budget, admission: Admission,
                  ledger: Ledger, publish: Callable[[Snapshot], None],
-                 links: Callable[[], Iterable[Fragment]] = lambda: (),
+                 link_steps: Callable[[], int] = lambda: 0,
                  queue_steps: Callable[[], int] = lambda: 0,
                  gauges: Optional[Callable[[], Dict[str, float]]] = None,
                  actors: Optional[Callable[[], Mapping[int, ActorStats]]] = None,
@@ -39,7 +40,7 @@ class LearnerDriver:
         self.admission = admission
         self.ledger = ledger
         self.publish = publish
-        self.links = links
+        self.link_steps = link_steps
         self.queue_steps = queue_steps
         self.gauges = gauges or (lambda: {})
         self.actors = actors or (lambda: {})
@@ -82,6 +83,19 @@ class LearnerDriver:
             return None
         return self._update()
 
+    def starved_credits(self) -> Dict[int, int]:
+        """Throttle credit while the learner waits for data: per incarnation, what it has received (its
+        watermark) or, if more, everything the incarnation handed to its link. With nothing queued, what was
+        sent and not received met its fate on the way (lost, refused) or is still held on a link; without this,
+        an actor whose newest fragments were all lost would pause for credit that never comes."""
+        with self.ledger.lock:
+            sent = self.ledger.sent_by_incarnation()
+        out = dict(self.learner.consumed)
+        for inc, n in sent.items():
+            if n > out.get(inc, 0):
+                out[inc] = n
+        return out
+
     def staging_steps(self) -> int:
         return sum(f.length for f, first in self.pending if first)
 
@@ -89,7 +103,7 @@ class LearnerDriver:
         """Read the books (one consistent state, under the ledger's lock)."""
         led = self.ledger
         with led.lock:
-            link = led.link_steps(self.links())
+            link = self.link_steps()
             queue = self.queue_steps()
             lost = led.lost(link)
             return Balance(
@@ -99,15 +113,16 @@ class LearnerDriver:
                 in_flight={"in_hand": led.in_hand, "link": link, "queue": queue, "staging": self.staging_steps()})
 
     def _update(self) -> Dict[str, float]:
+        before = self.balance()  # learner progress for the lr schedule: transitions that met a fate so far
+        progress = before.admitted + sum(before.dropped.values()) + sum(before.rejected.values())
         pending, ages = self.pending, self._ages
         self.pending, self._ages = [], []
         frags = [f for f, _ in pending]
         t0 = time.perf_counter()
         wait = t0 - self._t_last
-        if self.tagged:
-            self.misattributed += self.learner.audit(frags)
         lags = self.learner.version - np.array([f.id.behavior_version for f in frags])
-        m = self.learner.update(frags, self.budget.used)
+        m = self.learner.update(frags, progress, audit=self.tagged)
+        self.misattributed += int(m.pop("transport/audit_misattributed", 0))
         compute = time.perf_counter() - t0
         self.wait_s += wait
         self.compute_s += compute
@@ -131,7 +146,7 @@ class LearnerDriver:
         m["learner/updates_per_s"] = self.learner.updates / max(self.tracker.wall(), 1e-9)
         m.update(self.gauges())
         if self.learner.updates % self.cfg.learner.broadcast_every == 0:
-            self.publish(self.learner.snapshot())
+            self.publish(self.learner.publish_snapshot())
         every = self.cfg.learner.checkpoint_every
         if every and self.checkpoint_dir is not None and self.learner.updates % every == 0:
             self.learner.save_checkpoint(self.checkpoint_dir / "latest.pt", self.budget.used)
@@ -169,3 +184,29 @@ class LearnerDriver:
         chaos["stalls"] = self.stalls
         # ``actors`` stays the actor count in summary.json; restarts get their own key
         return {"transport": t, "chaos": chaos, "actor_restarts": restarts}
+
+
+def serve(queue, driver: LearnerDriver, supervise: Callable[[], bool], grant: Callable[[Dict[int, int]], None],
+          cfg: Config) -> None:
+    """The learner's loop for runners with a queue: take what arrives, and while starved, credit the actors'
+    throttle with what the learner has received since the last snapshot or grant (else paused actors wait for
+    credit only the next update would give) and supervise; end once no actor can produce and the queue is
+    empty; fail when no data arrives for ``runner.actor_timeout_s``."""
+    poll = cfg.runner.poll_s
+    granted = dict(driver.learner.consumed)
+    last_data = time.monotonic()
+    while True:
+        item = queue.get(poll)
+        if item is None:
+            credits = driver.starved_credits()
+            if credits != granted:
+                granted = credits
+                grant(granted)
+            if not supervise() and queue.depth == 0:
+                return
+            if time.monotonic() - last_data > cfg.runner.actor_timeout_s:
+                raise ActorFailed(f"no data from any actor for {cfg.runner.actor_timeout_s}s (runner.actor_timeout_s)")
+            continue
+        last_data = time.monotonic()
+        driver.offer(*item)
+        supervise()

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Tuple
 
 from ..accounting import DUPLICATE, FIRST, TOO_OLD, Budget, Ledger
 from ..admission import Admission
-from ..chaos import ActorKilled, ChaosCounts
+from ..chaos import ChaosCounts
 from ..config import Config
 from ..envs import EnvSpec
 from ..fragment import Fragment
@@ -67,7 +67,7 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
     snap = [learner.snapshot()]
     admission = Admission(spec, cfg.actors, cfg.actor.envs_per_actor, cfg.transport.duplicates, cfg.actor.rollout_len)
     driver = LearnerDriver(cfg, learner, tracker, budget, admission, ledger, publish=lambda s: snap.__setitem__(0, s),
-                           links=lambda: [f for s in slots for f in s.link_contents()],
+                           link_steps=lambda: ledger.link_steps(f for s in slots for f in s.link_contents()),
                            gauges=lambda: {"transport/queue_depth": 0.0, "transport/queue_bytes": 0.0},
                            actors=lambda: {s.actor_id: s.stats for s in slots},
                            checkpoint_dir=run_dir / "checkpoints")
@@ -84,15 +84,18 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
                 try:
                     more = slots[i].produce(current, budget, tracker, endpoint, lambda: None,
                                             None if len(envs) == E else envs)
-                except ActorKilled as e:
-                    intensity.record(i, str(e))
+                except Exception as e:  # noqa: BLE001 - a scripted kill or a real crash: restart in place
                     slots[i].close("actor_crash", endpoint)
+                    intensity.record(i, f"{type(e).__name__}: {e}")
                     slots[i] = Incarnation(cfg, i, ledger, chaos_counts, chaos_lock)
                     more = True
                 if not more or snap[0] is not current:
                     break  # budget spent, or a batch completed: the rest is collected under the new snapshot
         for s in slots:
             s.close("shutdown", endpoint)
+    except BaseException as e:
+        e.laglab_books = lambda: driver.summary(driver.close(), intensity.total, chaos_counts.as_dict())
+        raise
     finally:
         for s in slots:
             s.close("shutdown", None)

@@ -14,7 +14,7 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional
 
-from ..accounting import DUPLICATE, FIRST, TOO_OLD, Budget, Ledger
+from ..accounting import Budget, Ledger
 from ..actor import ActorStats, steps_per_rollout, throttle_state
 from ..admission import Admission
 from ..chaos import ActorKilled, ChaosCounts
@@ -24,40 +24,25 @@ from ..fragment import Fragment
 from ..learner import Learner
 from ..tracking import Tracker
 from ..transport import Closed, FragmentQueue, PolicyStore
-from .driver import LearnerDriver
+from .driver import LearnerDriver, serve
+from .endpoint import arrive_at_queue
 from .supervisor import ActorFailed, RestartIntensity
-from .worker import ABANDONED, CLOSED, OK, Abandoned, Incarnation
+from .worker import Abandoned, Incarnation
 
 __all__ = ["run", "ActorFailed"]
 
 
 class QueueEndpoint:
-    """The receiving end of every actor's link: arrivals are recorded and enter the bounded queue (or are
-    refused by it, by policy) under the ledger's lock; under ``block`` the actor waits for room outside it."""
+    """The receiving end of every actor thread's link: the bounded queue (see :func:`arrive_at_queue`)."""
 
     def __init__(self, ledger: Ledger, queue: FragmentQueue, poll_s: float):
         self.ledger, self.queue, self.poll = ledger, queue, poll_s
 
     def deliver(self, inc: Incarnation, frag: Fragment) -> str:
-        led, q = self.ledger, self.queue
         t0 = time.perf_counter()
         try:
-            while True:
-                with led.lock:
-                    cls = led.classify(frag)
-                    refusal = CLOSED if q.closed else ABANDONED if inc.abandoned.is_set() else None
-                    if refusal is not None or cls == TOO_OLD:
-                        led.arrive(frag, cls)
-                        if cls == FIRST:
-                            led.book("dropped", "shutdown" if refusal == CLOSED else "abandoned", frag.length)
-                        inc.channel.outbox.pop(0)
-                        return refusal or OK
-                    if q.try_put(frag, {FIRST: True, DUPLICATE: False}.get(cls)):
-                        led.arrive(frag, cls)
-                        inc.channel.outbox.pop(0)
-                        return OK
-                q.wait_room(frag.nbytes, self.poll)  # block: the queue is full
-                inc.beat()  # blocked on a full queue is not hung
+            return arrive_at_queue(self.ledger, self.queue, frag, inc.abandoned.is_set,
+                                   lambda: inc.channel.outbox.pop(0), lambda _: inc.beat(), self.poll)
         finally:
             inc.stats.blocked_s += time.perf_counter() - t0
 
@@ -118,6 +103,7 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
                     inc.stats.throttle_s += time.perf_counter() - t0
                     continue
                 if not inc.produce(store.latest(), budget, tracker, endpoint, wait_hung):
+                    inc.close("shutdown", endpoint)  # the link delivers what it holds before the slot is done
                     if slot.inc is inc:
                         slot.finished = True
                     return
@@ -170,35 +156,21 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
 
     def gauges() -> Dict[str, float]:
         return {"transport/queue_depth": float(queue.depth), "transport/queue_bytes": float(queue.bytes),
-                "transport/duplicates_too_old": float(ledger.too_old)}
+                "transport/too_old": float(ledger.too_old)}
 
     driver = LearnerDriver(cfg, learner, tracker, budget, admission, ledger, publish=store.publish,
-                           links=lambda: [f for inc in incarnations for f in inc.link_contents()],
+                           link_steps=lambda: ledger.link_steps(f for inc in incarnations if not inc.closed
+                                                                for f in inc.link_contents()),
                            queue_steps=queue.first_steps, gauges=gauges,
                            actors=lambda: {s.actor_id: s.stats for s in slots},
                            checkpoint_dir=run_dir / "checkpoints")
     for slot in slots:
         start(slot)
-    granted = dict(learner.consumed)
     try:
-        last_data = time.monotonic()
-        while True:
-            item = queue.get(poll)
-            if item is None:
-                # starved: credit the actors' throttle with whatever the learner has received since the last
-                # snapshot or grant (else paused actors wait for credit only the next update would give)
-                if learner.consumed != granted:
-                    granted = dict(learner.consumed)
-                    store.grant(granted)
-                if not supervise() and queue.depth == 0:
-                    break
-                if time.monotonic() - last_data > cfg.runner.actor_timeout_s:
-                    raise ActorFailed(f"no data from any actor for {cfg.runner.actor_timeout_s}s "
-                                      "(runner.actor_timeout_s)")
-                continue
-            last_data = time.monotonic()
-            driver.offer(*item)
-            supervise()
+        serve(queue, driver, supervise, store.grant, cfg)
+    except BaseException as e:
+        e.laglab_books = lambda: driver.summary(driver.close(), intensity.total, chaos_counts.as_dict())
+        raise
     finally:
         stop.set()
         store.wake()

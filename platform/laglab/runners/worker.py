@@ -41,6 +41,7 @@ class Incarnation:
         self.incarnation = ledger.new_incarnation(actor_id)
         self.channel = ChaosChannel(cfg.chaos, cfg.seed, actor_id, self.incarnation)
         self.actor = Actor(cfg, actor_id, self.incarnation)
+        self.actor.heartbeat = self.beat
         self.in_hand: List[Fragment] = []
         self.produced = 0
         self.last_beat = time.monotonic()
@@ -54,6 +55,10 @@ class Incarnation:
 
     def beat(self) -> None:
         self.last_beat = time.monotonic()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def link_contents(self) -> List[Fragment]:
         return self.channel.contents()

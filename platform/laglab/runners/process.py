@@ -1,0 +1,379 @@
+"""Actor processes, learner in the main process, shared memory between them.
+
+How actors start: one OS process per slot (``runner.start_method``: spawn or forkserver; numpy only, one
+BLAS thread). How bytes move: an actor writes each fragment into one of its shared-memory slots and sends a
+fixed-layout header down its pipe; the learner's receiver thread copies the slot out (then it is free again),
+and the arrival enters the same bounded queue, admission, books and driver as the thread runner's. Snapshots
+go the other way through a seqlocked, double-buffered shared-memory block; throttle credits through another.
+
+Faults are real: a scripted kill is a SIGKILL, a scripted hang stops the heartbeat and the supervisor kills
+the process. When an actor process is gone and its pipe drained, what it still had in hand is booked by
+reason (``actor_crash``, ``abandoned``, ``shutdown``), what was on its link shows up as lost in transit, its
+slots are reclaimed, and the slot restarts with a new incarnation within the restart intensity. A child that
+fails before it starts fails the run at once with the child's error.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import threading
+import time
+from multiprocessing.connection import wait as wait_conns
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from .. import wire
+from ..accounting import Budget, Ledger
+from ..actor import ActorStats, Episode
+from ..admission import Admission
+from ..chaos import CORRUPTIONS, ChaosCounts
+from ..config import Config, ConfigError
+from ..envs import EnvSpec
+from ..inference import SnapshotCodec
+from ..learner import Learner, batch_fragments
+from ..policy import Snapshot
+from ..shm import FragmentLayout, SeqBlock, SharedCounter, SlotPool, StatusBlock, new_token, segment_name
+from ..tracking import Tracker
+from ..transport import FragmentQueue
+from . import process_actor
+from .driver import LearnerDriver, serve
+from .endpoint import arrive_at_queue
+from .supervisor import ActorFailed, RestartIntensity
+
+__all__ = ["run", "ActorFailed", "slots_per_actor", "check_fits"]
+
+
+def slots_per_actor(cfg: Config) -> int:
+    """Slots in each actor's partition: ``runner.slots_per_actor``, or (0 = auto) two rollouts' worth and at
+    least an equal share of two batches."""
+    if cfg.runner.slots_per_actor > 0:
+        return cfg.runner.slots_per_actor
+    E = cfg.actor.envs_per_actor
+    return max(2 * E, -(-2 * batch_fragments(cfg) // cfg.actors))
+
+
+def check_fits(cfg: Config, spec: EnvSpec) -> None:
+    """Refuse, before any process starts, a slot pool that cannot work or does not fit in /dev/shm."""
+    per = slots_per_actor(cfg)
+    E = cfg.actor.envs_per_actor
+    if per < E:
+        raise ConfigError(f"invalid config: runner.slots_per_actor={per}; allowed: 0 (auto) or >= "
+                          f"actor.envs_per_actor ({E}): an actor must be able to hold one rollout in its slots")
+    if per * cfg.actors < batch_fragments(cfg):
+        raise ConfigError(f"invalid config: runner.slots_per_actor={per}; allowed: 0 (auto) or >= "
+                          f"{-(-batch_fragments(cfg) // cfg.actors)}: the slot pool ({per * cfg.actors} fragments) "
+                          f"must hold at least one batch ({batch_fragments(cfg)} fragments)")
+    need = per * cfg.actors * FragmentLayout(spec, cfg.actor.rollout_len).slot_bytes
+    try:
+        free = shutil.disk_usage("/dev/shm").free
+    except OSError:
+        free = None
+    if free is not None and need > 0.8 * free:
+        raise ConfigError(f"invalid config: runner.slots_per_actor={per}; the slot pool needs {need / 2**20:.0f} MiB "
+                          f"of shared memory and /dev/shm has {free / 2**20:.0f} MiB free (allowed: at most 80%)")
+
+
+class _Child:
+    """One life of an actor slot as the learner sees it."""
+
+    def __init__(self, actor_id: int, inc: int, proc, conn):
+        self.actor_id, self.inc, self.proc, self.conn = actor_id, inc, proc, conn
+        self.books = (0, 0, 0)  # last reported: produced, in_hand, link
+        self.started = False
+        self.done = False
+        self.error: Optional[str] = None
+        self.abandoned = False
+        self.finalized = threading.Event()
+        self.t_start = time.monotonic()
+
+
+class _Slot:
+    def __init__(self, actor_id: int):
+        self.actor_id = actor_id
+        self.child: Optional[_Child] = None
+        self.start_at = 0.0
+        self.finished = False
+        self.stats = ActorStats()
+
+
+def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: Budget, run_dir) -> Dict[str, Any]:
+    check_fits(cfg, spec)
+    ctx = mp.get_context(cfg.runner.start_method)
+    token = new_token()
+    names = process_actor.Names(*(segment_name(token, w) for w in ("slots", "snapshot", "credits", "status",
+                                                                       "budget")))
+    A, E, T = cfg.actors, cfg.actor.envs_per_actor, cfg.actor.rollout_len
+    per = slots_per_actor(cfg)
+    shapes = {k: tuple(v.shape) for k, v in learner.model.state_dict().items()}
+    codec = SnapshotCodec(shapes, spec.obs_shape)
+    made: List[Any] = []
+    try:
+        pool = SlotPool(FragmentLayout(spec, T), A, per, names.slots, True)
+        made.append(pool)
+        snap_block = SeqBlock(codec.size, "float32", names.snapshot, True)
+        made.append(snap_block)
+        credits = SeqBlock(2 * A, "int64", names.credits, True)
+        made.append(credits)
+        status = StatusBlock(A, names.status, True)
+        made.append(status)
+        counter = SharedCounter(names.budget, True, ctx.Lock(), budget.total, budget.used)
+        made.append(counter)
+        return _Runner(cfg, learner, tracker, spec, budget, run_dir, ctx, names, shapes, per, pool, snap_block,
+                       credits, status, counter, codec).run()
+    finally:
+        for res in made:
+            if isinstance(res, SharedCounter):
+                budget.used = res.used
+            res.close(unlink=True)
+
+
+class _Runner:
+    def __init__(self, cfg, learner, tracker, spec, budget, run_dir, ctx, names, shapes, per, pool, snap_block,
+                 credits, status, counter, codec):
+        self.cfg, self.learner, self.tracker, self.spec = cfg, learner, tracker, spec
+        self.ctx, self.names, self.shapes, self.per = ctx, names, shapes, per
+        self.pool, self.snap_block, self.credits, self.status, self.counter = pool, snap_block, credits, status, counter
+        self.codec = codec
+        self.poll = cfg.runner.poll_s
+        T = cfg.actor.rollout_len
+        self.ledger = Ledger(T, cfg.actor.envs_per_actor, cfg.transport.dedup_window, learner.allocate_incarnation)
+        self.admission = Admission(spec, cfg.actors, cfg.actor.envs_per_actor, cfg.transport.duplicates, T)
+        self.queue = FragmentQueue(cfg.transport.capacity, cfg.transport.max_bytes, cfg.transport.policy,
+                                   on_discard=lambda f, first, bucket, reason:
+                                   self.ledger.book(bucket, reason, f.length) if first is True else None)
+        self.intensity = RestartIntensity(cfg.runner.actors_max_restarts, cfg.runner.restart_window_s)
+        self.slots = [_Slot(i) for i in range(cfg.actors)]
+        self.children: List[_Child] = []
+        self.by_conn: Dict[Any, _Child] = {}
+        self.conn_lock = threading.Lock()
+        self.chaos = ChaosCounts()
+        self.reclaimed = 0
+        self.malformed = 0
+        self.stopping = threading.Event()
+        self.receiver_error: Optional[BaseException] = None
+        self.last_version = learner.version
+        self.driver = LearnerDriver(cfg, learner, tracker, counter, self.admission, self.ledger,
+                                    publish=self.publish, link_steps=self.link_steps,
+                                    queue_steps=self.queue.first_steps, gauges=self.gauges,
+                                    actors=self.actor_stats, checkpoint_dir=run_dir / "checkpoints")
+
+    # ---- learner -> actors ------------------------------------------------------------------------------------
+    def publish(self, snap: Snapshot) -> None:
+        self.snap_block.publish(self.codec.encode(snap), snap.version)
+        self.grant(snap.consumed)
+
+    def grant(self, consumed) -> None:
+        c = np.zeros(2 * self.cfg.actors, np.int64)
+        for s in self.slots:
+            if s.child is not None:
+                c[2 * s.actor_id] = s.child.inc
+                c[2 * s.actor_id + 1] = consumed.get(s.child.inc, 0)
+        self.credits.publish(c, int(self.credits.version()) + 1)
+
+    # ---- readings ---------------------------------------------------------------------------------------------
+    def link_steps(self) -> int:
+        return sum(c.books[2] for c in self.children if not c.finalized.is_set())
+
+    def gauges(self) -> Dict[str, float]:
+        return {"transport/queue_depth": float(self.queue.depth), "transport/queue_bytes": float(self.queue.bytes),
+                "transport/slots_in_use": float(np.count_nonzero(self.pool.state)),
+                "transport/slots_reclaimed": float(self.reclaimed)}
+
+    def actor_stats(self) -> Dict[int, ActorStats]:
+        out = {}
+        for s in self.slots:
+            r = self.status.row(s.actor_id)
+            st = ActorStats(steps=int(r["steps"]), rollouts=int(r["rollouts"]), episodes=int(r["episodes"]),
+                            env_s=r["env_s"], infer_s=r["infer_s"], throttle_s=r["throttle_s"],
+                            blocked_s=r["blocked_s"], version=int(r["version"]) if r["loads"] else -1,
+                            loads=int(r["loads"]), snapshot_s=r["snapshot_s"])
+            s.stats = st
+            out[s.actor_id] = st
+        return out
+
+    # ---- children ---------------------------------------------------------------------------------------------
+    def start(self, slot: _Slot) -> None:
+        inc = self.ledger.new_incarnation(slot.actor_id)
+        r, w = self.ctx.Pipe(duplex=False)
+        proc = self.ctx.Process(target=process_actor.main, name=f"laglab-actor-{slot.actor_id}",
+                                args=(self.cfg, slot.actor_id, inc, self.names, self.shapes, self.spec.obs_shape,
+                                      self.per, w, self.counter.lock, os.getpid()), daemon=True)
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            os.environ.setdefault(var, "1")  # inherited by the child (the learner's pools already exist)
+        child = _Child(slot.actor_id, inc, proc, r)
+        with self.conn_lock:
+            self.children.append(child)
+            self.by_conn[r] = child
+        slot.child = child
+        proc.start()
+        w.close()  # the child holds the only write end: its exit is our EOF
+        self.grant(self.learner.consumed)
+
+    def apply_books(self, child: _Child, books) -> None:
+        """Take the sender's reported books (under the ledger's lock)."""
+        p0, h0, _ = child.books
+        led = self.ledger
+        led.produced += books[0] - p0
+        led.in_hand += books[1] - h0
+        child.books = tuple(books)
+
+    def handle(self, child: _Child, data: bytes) -> None:
+        try:
+            m = wire.parse(data)
+        except ValueError:
+            self.malformed += 1
+            return
+        led = self.ledger
+        if m.kind == wire.FRAG:
+            frag = self.pool.read(m.slot, m.fid, m.k) if 0 <= m.slot < self.pool.n else None
+            if frag is None:
+                self.malformed += 1
+                return
+            arrive_at_queue(led, self.queue, frag, lambda: child.abandoned, lambda: self.apply_books(child, m.books),
+                            lambda _: None, self.poll)
+            return
+        with led.lock:
+            self.apply_books(child, m.books)
+            if m.kind == wire.SENT:
+                env_index, t_end, _ = m.sent
+                led.mark_sent(child.inc, env_index, t_end)
+        if m.kind == wire.PRODUCED:
+            self.tracker.add_episodes([Episode(child.actor_id, int(e["env_index"]), float(e["ret"]), int(e["length"]))
+                                       for e in m.episodes], self.counter.used)
+        elif m.kind == wire.STARTED:
+            child.started = True
+        elif m.kind == wire.DONE:
+            child.done = True
+        elif m.kind == wire.ERROR:
+            child.error = m.text
+
+    def finalize(self, child: _Child) -> None:
+        """The child's pipe is drained (EOF): book what died with it, reclaim its slots, merge its chaos counts."""
+        child.proc.join(timeout=5)
+        reason = ("shutdown" if child.done or self.stopping.is_set() else
+                  "abandoned" if child.abandoned else "actor_crash")
+        led = self.ledger
+        with led.lock:
+            led.unsent(child.books[1], reason)
+            child.books = (child.books[0], 0, 0)  # what was on its link is gone: detected as lost in transit
+            self.reclaimed += self.pool.reclaim(child.actor_id)
+        r = self.status.row(child.actor_id)
+        if int(r["incarnation"]) == child.inc:
+            c = ChaosCounts(duplicated=int(r["duplicated"]), reordered=int(r["reordered"]), delayed=int(r["delayed"]),
+                            dropped_steps=int(r["dropped_steps"]), kills=int(r["kills"]), hangs=int(r["hangs"]))
+            for k in CORRUPTIONS:
+                if r[f"corrupted_{k}"]:
+                    c.corrupted[k] = int(r[f"corrupted_{k}"])
+                    c.corrupted_steps[k] = int(r[f"corrupted_steps_{k}"])
+            c.lost_held_steps = int(r["lost_held_steps"])
+            self.chaos.merge(c)
+        child.finalized.set()
+
+    def receive(self) -> None:
+        """The receiver thread: read every child's pipe in order; finalize a child at its EOF."""
+        try:
+            while True:
+                with self.conn_lock:
+                    conns = list(self.by_conn)
+                if not conns:
+                    if self.stopping.is_set():
+                        return
+                    time.sleep(self.poll)
+                    continue
+                for conn in wait_conns(conns, timeout=self.poll):
+                    child = self.by_conn[conn]
+                    try:
+                        data = conn.recv_bytes()
+                    except (EOFError, OSError):
+                        with self.conn_lock:
+                            del self.by_conn[conn]
+                        conn.close()
+                        self.finalize(child)
+                        continue
+                    self.handle(child, data)
+        except BaseException as e:  # noqa: BLE001 - surfaces in the learner loop
+            self.receiver_error = e
+
+    def supervise(self) -> bool:
+        if self.receiver_error is not None:
+            raise RuntimeError("the process runner's receiver failed") from self.receiver_error
+        now = time.monotonic()
+        live = False
+        rc = self.cfg.runner
+        for slot in self.slots:
+            if slot.finished:
+                continue
+            live = True
+            c = slot.child
+            if c is None:
+                if now >= slot.start_at:
+                    self.start(slot)
+                continue
+            if c.finalized.is_set():
+                if c.done:
+                    slot.finished = True
+                    continue
+                if not c.started:
+                    raise ActorFailed(f"actor {slot.actor_id} could not start (exit code {c.proc.exitcode}):\n"
+                                      f"{c.error or 'no error text'}")
+                why = c.error or ("abandoned: no heartbeat" if c.abandoned else f"exit code {c.proc.exitcode}")
+                self.intensity.record(slot.actor_id, why)
+                slot.child = None
+                slot.start_at = now + rc.restart_backoff_s
+                continue
+            if c.abandoned:
+                continue  # killed; its EOF is on the way
+            if not c.started:
+                if now - c.t_start > rc.start_timeout_s:
+                    raise ActorFailed(f"actor {slot.actor_id} did not start within {rc.start_timeout_s}s "
+                                      "(runner.start_timeout_s)")
+                continue
+            if not c.done and now - self.status.get(slot.actor_id, "beat") > rc.heartbeat_timeout_s:
+                c.abandoned = True
+                self.kill(c)
+        return live
+
+    def kill(self, child: _Child) -> None:
+        try:
+            os.kill(child.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, TypeError):
+            pass
+
+    def run(self) -> Dict[str, Any]:
+        self.publish(self.learner.snapshot())
+        receiver = threading.Thread(target=self.receive, name="laglab-receiver", daemon=True)
+        receiver.start()
+        for slot in self.slots:
+            self.start(slot)
+        try:
+            serve(self.queue, self.driver, self.supervise, self.grant, self.cfg)
+        except BaseException as e:
+            e.laglab_books = lambda: self.driver.summary(self.driver.close(), self.intensity.total,
+                                                         self.chaos.as_dict())
+            raise
+        finally:
+            self.stopping.set()
+            self.counter.stop()
+            with self.ledger.lock:
+                self.queue.close()
+            deadline = time.monotonic() + 10
+            for c in self.children:
+                c.proc.join(timeout=max(0.0, deadline - time.monotonic()))
+            for c in self.children:
+                if c.proc.is_alive():
+                    self.kill(c)
+                    c.proc.join(timeout=5)
+            receiver.join(timeout=30)
+        bal = self.driver.close()
+        chaos = self.chaos.as_dict()
+        queue_info = {"max_depth": self.queue.stats.max_depth, "max_bytes": self.queue.stats.max_bytes,
+                      "blocked_s": self.queue.stats.blocked_s, "capacity": self.queue.capacity,
+                      "max_bytes_bound": self.queue.max_bytes, "slots": self.pool.n,
+                      "slots_reclaimed": self.reclaimed, "malformed_messages": self.malformed}
+        out = self.driver.summary(bal, self.intensity.total, chaos, {"queue": queue_info})
+        out.update({"actor_stats": self.actor_stats(), "env_steps": self.counter.used})
+        return out
+

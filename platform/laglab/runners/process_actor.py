@@ -1,0 +1,233 @@
+"""The body of one actor process (one incarnation). It never imports torch: inference is numpy, the snapshot
+comes from a seqlocked shared-memory block, fragments go into this actor's shared-memory slots and a
+fixed-layout header goes down its pipe. Chaos runs here too: a scripted kill is a real SIGKILL of this
+process, a scripted hang stops its heartbeat until the supervisor kills it."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from .. import wire
+from ..actor import Actor, steps_per_rollout, throttle_state
+from ..chaos import CORRUPTIONS, ChaosChannel
+
+SLOT_CORRUPTIONS = tuple(k for k in CORRUPTIONS if k != "shape")  # a slot has the layout's shapes by construction
+from ..config import Config
+from ..fragment import Fragment
+from ..inference import SnapshotCodec
+from ..shm import FragmentLayout, SeqBlock, SharedCounter, SlotPool, StatusBlock
+
+
+@dataclass
+class Names:
+    slots: str
+    snapshot: str
+    credits: str
+    status: str
+    budget: str
+
+
+class _Books:
+    """This incarnation's side of the ledger: produced, in hand, on its link (header not yet sent)."""
+
+    def __init__(self, ch: ChaosChannel):
+        self.ch = ch
+        self.produced = 0
+        self.in_hand = 0
+        self.headered: Dict[Tuple[int, int], int] = {}  # fragments whose header went out, still on the link
+
+    def link(self) -> int:
+        keys = {}
+        for f in self.ch.contents():
+            key = (f.id.env_index, f.id.t_start)
+            if key not in self.headered:
+                keys[key] = f.length
+        return sum(keys.values())
+
+    def tidy(self) -> None:
+        on_link = {(f.id.env_index, f.id.t_start) for f in self.ch.contents()}
+        self.headered = {k: v for k, v in self.headered.items() if k in on_link}
+
+    def tuple(self) -> Tuple[int, int, int]:
+        return self.produced, self.in_hand, self.link()
+
+
+def main(cfg: Config, actor_id: int, inc: int, names: Names, shapes, obs_shape, per_actor: int, conn, lock,
+         parent_pid: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the learner's to handle; it stops us
+    books: Optional[_Books] = None
+    try:
+        from ..envs import EnvSpec  # noqa: F401 - (imports gymnasium; part of starting up)
+
+        actor = Actor(cfg, actor_id, inc)
+        layout = FragmentLayout(actor.spec, cfg.actor.rollout_len)
+        pool = SlotPool(layout, cfg.actors, per_actor, names.slots, create_new=False)
+        snap_block = SeqBlock(SnapshotCodec(shapes, obs_shape).size, "float32", names.snapshot, create_new=False)
+        credits = SeqBlock(2 * cfg.actors, "int64", names.credits, create_new=False)
+        status = StatusBlock(cfg.actors, names.status, create_new=False)
+        budget = SharedCounter(names.budget, create_new=False, lock=lock)
+        codec = SnapshotCodec(shapes, obs_shape)
+        ch = ChaosChannel(cfg.chaos, cfg.seed, actor_id, inc, SLOT_CORRUPTIONS)
+        books = _Books(ch)
+        status.rows[actor_id, :] = 0.0  # the previous incarnation's row was read when it ended
+        status.set(actor_id, beat=time.monotonic(), incarnation=inc)
+        conn.send_bytes(wire.started(inc))
+    except BaseException:  # noqa: BLE001 - the learner fails the run with this text
+        try:
+            conn.send_bytes(wire.error(inc, (0, 0, 0), traceback.format_exc()))
+        finally:
+            os._exit(1)
+    _Loop(cfg, actor_id, inc, actor, pool, snap_block, credits, status, budget, codec, ch, books, conn,
+          parent_pid).run()
+
+
+class _Loop:
+    def __init__(self, cfg, actor_id, inc, actor, pool, snap_block, credits, status, budget, codec, ch, books, conn,
+                 parent_pid):
+        self.cfg, self.actor_id, self.inc = cfg, actor_id, inc
+        self.actor, self.pool, self.snap_block, self.credits = actor, pool, snap_block, credits
+        self.status, self.budget, self.codec, self.ch, self.books = status, budget, codec, ch, books
+        self.conn, self.parent_pid = conn, parent_pid
+        self.version = -1
+        self.snapshot_s = 0.0
+        self.poll = min(0.002, cfg.runner.poll_s)
+        actor.heartbeat = self.beat
+
+    # ---- liveness -------------------------------------------------------------------------------------------
+    def stopping(self) -> bool:
+        return self.budget.v[2] != 0 or os.getppid() != self.parent_pid
+
+    def beat(self) -> None:
+        self.status.set(self.actor_id, beat=time.monotonic())
+
+    def publish_stats(self) -> None:
+        st, c = self.actor.stats, self.ch.counts
+        row = dict(steps=st.steps, rollouts=st.rollouts, episodes=st.episodes, env_s=st.env_s, infer_s=st.infer_s,
+                   throttle_s=st.throttle_s, blocked_s=st.blocked_s, version=st.version, loads=st.loads,
+                   snapshot_s=self.snapshot_s, duplicated=c.duplicated, reordered=c.reordered, delayed=c.delayed,
+                   dropped_steps=c.dropped_steps, kills=c.kills, hangs=c.hangs)
+        for k in CORRUPTIONS:
+            row[f"corrupted_{k}"] = c.corrupted.get(k, 0)
+            row[f"corrupted_steps_{k}"] = c.corrupted_steps.get(k, 0)
+        self.status.set(self.actor_id, **row)
+
+    # ---- snapshots and credit -----------------------------------------------------------------------------
+    def refresh(self) -> None:
+        if self.snap_block.version() > self.version:
+            t0 = time.perf_counter()
+            version, flat = self.snap_block.read()
+            self.actor.load(self.codec.decode(version, flat))
+            self.version = version
+            self.snapshot_s += time.perf_counter() - t0
+
+    def credit(self) -> Dict[int, int]:
+        _, c = self.credits.read()
+        inc, value = int(c[2 * self.actor_id]), int(c[2 * self.actor_id + 1])
+        return {inc: value}
+
+    # ---- sending --------------------------------------------------------------------------------------------
+    def send(self, data: bytes) -> None:
+        self.conn.send_bytes(data)
+
+    def drain(self) -> None:
+        """Write what leaves the link into free slots of this actor and send their headers."""
+        ch, books = self.ch, self.books
+        while ch.outbox:
+            f = ch.outbox[0]
+            slot = self.pool.free_slot(self.actor_id)
+            if slot is None:  # every slot of ours is still being read: wait (the learner is behind)
+                t0 = time.perf_counter()
+                while slot is None:
+                    if self.stopping():
+                        raise SystemExit(0)
+                    self.beat()
+                    time.sleep(self.poll)
+                    slot = self.pool.free_slot(self.actor_id)
+                self.actor.stats.blocked_s += time.perf_counter() - t0
+            k = self.pool.write(slot, f)
+            ch.outbox.pop(0)
+            books.headered[(f.id.env_index, f.id.t_start)] = f.length
+            self.send(wire.frag(self.inc, books.tuple(), slot, f.id, k))
+        books.tidy()
+
+    def send_fragment(self, f: Fragment) -> None:
+        self.books.in_hand -= f.length
+        self.ch.send(f)
+        self.send(wire.sent(self.inc, self.books.tuple(), f.id.env_index, f.id.t_end, f.length))
+        self.drain()
+
+    # ---- the loop -------------------------------------------------------------------------------------------
+    def run(self) -> None:
+        cfg, ch, books, actor = self.cfg, self.ch, self.books, self.actor
+        per_rollout = steps_per_rollout(cfg)
+        max_lead = cfg.actor.max_lead_steps
+        try:
+            while not self.stopping():
+                self.beat()
+                self.refresh()
+                pause, _ = throttle_state(books.produced, self.credit(), self.inc, max_lead)
+                if pause and self.budget.has_room(per_rollout):
+                    ch.flush()
+                    self.drain()
+                    t0 = time.perf_counter()
+                    while pause and self.budget.has_room(per_rollout) and not self.stopping():
+                        self.beat()
+                        time.sleep(self.poll)
+                        pause, _ = throttle_state(books.produced, self.credit(), self.inc, max_lead)
+                    actor.stats.throttle_s += time.perf_counter() - t0
+                    continue
+                if not self.budget.reserve(per_rollout):
+                    break
+                try:
+                    ro = actor.collect()
+                except BaseException:
+                    self.budget.release(per_rollout)
+                    raise
+                books.produced += ro.steps
+                books.in_hand += ro.steps
+                self.send(wire.produced(self.inc, books.tuple(),
+                                        [(e.env_index, e.ret, e.length) for e in ro.episodes]))
+                self.publish_stats()
+                self.beat()
+                if ch.hang_at is not None and books.produced >= ch.hang_at:
+                    ch.counts.hangs += 1
+                    ch.hang_at = None
+                    self.publish_stats()
+                    while not self.stopping():  # no heartbeat: the supervisor will kill this process
+                        time.sleep(0.05)
+                    raise SystemExit(0)
+                frags = ro.fragments
+                kill_after = len(frags)
+                if ch.kill_at is not None and books.produced >= ch.kill_at:
+                    kill_after = int(ch.rng.integers(len(frags)))
+                for k, f in enumerate(frags):
+                    if k == kill_after:
+                        ch.counts.kills += 1
+                        self.publish_stats()
+                        self.status.set(self.actor_id, lost_held_steps=books.link())  # dies with the process
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    self.send_fragment(f)
+            ch.flush()
+            self.drain()
+            self.publish_stats()
+            self.send(wire.done(self.inc, books.tuple()))
+        except (SystemExit, BrokenPipeError, EOFError, OSError):
+            pass  # stopping, or the learner is gone
+        except BaseException:  # noqa: BLE001 - report, then exit with an error
+            try:
+                self.publish_stats()
+                self.send(wire.error(self.inc, books.tuple(), traceback.format_exc()))
+            except Exception:  # noqa: BLE001
+                pass
+            os._exit(1)
+        finally:
+            try:
+                self.publish_stats()
+                actor.close()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(0)

@@ -1,0 +1,307 @@
+"""Shared memory for the process runner: fragment slots (actor -> learner), seqlocked blocks (snapshots and
+credits, learner -> actors) and per-actor status blocks. Only plain arrays live here; the small headers that
+say which slot holds what cross a pipe as fixed-layout bytes (:mod:`laglab.wire`), never as pickles.
+
+Segments are created by the learner process, named ``laglab-<pid>-<token>-<what>``, and unlinked by it on
+every exit path. Children are started by multiprocessing and share the learner's resource tracker, so their
+attachments are no-ops there; if the learner is killed outright, the tracker unlinks what it created.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from .envs import EnvSpec
+from .fragment import Fragment, FragmentId
+
+PREFIX = "laglab-"
+
+
+def segment_name(token: str, what: str) -> str:
+    return f"{PREFIX}{os.getpid()}-{token}-{what}"
+
+
+def new_token() -> str:
+    return secrets.token_hex(4)
+
+
+def create(name: str, nbytes: int) -> shared_memory.SharedMemory:
+    return shared_memory.SharedMemory(name=name, create=True, size=max(1, int(nbytes)))
+
+
+def attach(name: str) -> shared_memory.SharedMemory:
+    """Open an existing segment (in a child started by multiprocessing: its tracker is the learner's)."""
+    return shared_memory.SharedMemory(name=name, create=False)
+
+
+def release(shm: Optional[shared_memory.SharedMemory], unlink: bool) -> None:
+    if shm is None:
+        return
+    try:
+        shm.close()
+    except BufferError:  # a view still exported: the mapping goes when the process does
+        pass
+    if unlink:
+        try:
+            shm.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def leftover_segments(pid: Optional[int] = None) -> List[str]:
+    """laglab segments still in /dev/shm (of one creating process, if ``pid`` is given)."""
+    try:
+        names = os.listdir("/dev/shm")
+    except FileNotFoundError:
+        return []
+    want = f"{PREFIX}{pid}-" if pid is not None else PREFIX
+    return sorted(n for n in names if n.startswith(want))
+
+
+# ---- fragment slots -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Field:
+    name: str
+    shape: Tuple[int, ...]
+    dtype: np.dtype
+    offset: int
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+def _align(n: int, a: int = 64) -> int:
+    return (n + a - 1) // a * a
+
+
+class FragmentLayout:
+    """Where each array of one fragment sits inside a slot (fixed by the env's spaces and ``rollout_len``)."""
+
+    def __init__(self, spec: EnvSpec, rollout_len: int):
+        T, obs, act = rollout_len, tuple(spec.obs_shape), spec.action_shape
+        fields = [("obs", (T,) + obs, np.float32), ("actions", (T,) + act, np.int64 if spec.discrete else np.float32),
+                  ("rewards", (T,), np.float32), ("disc_return", (T,), np.float32), ("terminated", (T,), np.bool_),
+                  ("truncated", (T,), np.bool_), ("logp", (T,), np.float32), ("values", (T,), np.float32),
+                  ("trunc_obs", (T,) + obs, np.float32), ("last_obs", obs, np.float32)]
+        if not spec.discrete:
+            fields += [("mean", (T, spec.n_actions), np.float32), ("log_std", (T, spec.n_actions), np.float32)]
+        off = 0
+        self.fields: List[Field] = []
+        for name, shape, dt in fields:
+            f = Field(name, shape, np.dtype(dt), off)
+            self.fields.append(f)
+            off = _align(off + f.nbytes, 16)
+        self.slot_bytes = _align(off)
+        self.T = T
+        self.spec = spec
+
+
+class SlotPool:
+    """``n`` fragment slots, partitioned among the actors (``per_actor`` each), plus one state byte per slot:
+    0 free, 1 written (its header is on the way or being read). An actor writes only into free slots of its
+    own partition and marks them written before it sends the header; the learner copies a slot out and marks
+    it free. So a slot is never rewritten while the learner may read it, and after an actor dies its whole
+    partition can be reclaimed once its pipe is drained."""
+
+    def __init__(self, layout: FragmentLayout, actors: int, per_actor: int, name: str, create_new: bool):
+        self.layout = layout
+        self.actors, self.per_actor = actors, per_actor
+        self.n = actors * per_actor
+        self.size = self.n + self.n * layout.slot_bytes
+        self.shm = create(name, _align(self.n) + self.n * layout.slot_bytes) if create_new else attach(name)
+        self.name = name
+        self.state = np.ndarray((self.n,), np.uint8, self.shm.buf, 0)
+        self._base = _align(self.n)
+        if create_new:
+            self.state[:] = 0
+        self._views: Dict[int, Dict[str, np.ndarray]] = {}
+
+    def views(self, slot: int) -> Dict[str, np.ndarray]:
+        v = self._views.get(slot)
+        if v is None:
+            base = self._base + slot * self.layout.slot_bytes
+            v = {f.name: np.ndarray(f.shape, f.dtype, self.shm.buf, base + f.offset) for f in self.layout.fields}
+            self._views[slot] = v
+        return v
+
+    def partition(self, actor: int) -> range:
+        return range(actor * self.per_actor, (actor + 1) * self.per_actor)
+
+    def free_slot(self, actor: int) -> Optional[int]:
+        part = self.state[actor * self.per_actor:(actor + 1) * self.per_actor]
+        idx = np.flatnonzero(part == 0)
+        return None if len(idx) == 0 else actor * self.per_actor + int(idx[0])
+
+    def write(self, slot: int, frag: Fragment) -> int:
+        """Copy ``frag`` into ``slot`` (actor side); returns K, the number of final observations."""
+        v = self.views(slot)
+        for name in ("obs", "actions", "rewards", "disc_return", "terminated", "truncated", "logp", "values",
+                     "last_obs"):
+            v[name][...] = getattr(frag, name)
+        k = len(frag.trunc_obs)
+        if k:
+            v["trunc_obs"][:k] = frag.trunc_obs
+        if frag.mean is not None and "mean" in v:
+            v["mean"][...] = frag.mean
+            v["log_std"][...] = frag.log_std
+        self.state[slot] = 1
+        return k
+
+    def read(self, slot: int, fid: FragmentId, k: int) -> Fragment:
+        """A private copy of what ``slot`` holds (learner side), as a sealed fragment; then the slot is free."""
+        v = self.views(slot)
+        k = max(0, min(int(k), self.layout.T))
+        arrays = {name: np.array(v[name]) for name in ("obs", "actions", "rewards", "disc_return", "terminated",
+                                                        "truncated", "logp", "values", "last_obs")}
+        arrays["trunc_obs"] = np.array(v["trunc_obs"][:k])
+        if "mean" in v:
+            arrays["mean"], arrays["log_std"] = np.array(v["mean"]), np.array(v["log_std"])
+        self.state[slot] = 0
+        return Fragment.sealed(id=fid, **arrays)
+
+    def reclaim(self, actor: int) -> int:
+        """Free every slot of a dead actor's partition; returns how many were still marked written."""
+        part = self.state[actor * self.per_actor:(actor + 1) * self.per_actor]
+        n = int(np.count_nonzero(part))
+        part[:] = 0
+        return n
+
+    def close(self, unlink: bool) -> None:
+        self._views.clear()
+        self.state = None
+        release(self.shm, unlink)
+
+
+# ---- seqlocked blocks -----------------------------------------------------------------------------------------
+class SeqBlock:
+    """A versioned array published by one writer and copied by many readers, double-buffered under a seqlock:
+    the writer fills the inactive buffer between two increments of the sequence number and then flips; a
+    reader copies the active buffer and keeps the copy only if the sequence number was even and unchanged
+    around the copy. So no reader ever keeps a mix of two publications."""
+
+    HEADER = 4  # int64: seq, active buffer, version, spare
+
+    def __init__(self, n: int, dtype, name: str, create_new: bool):
+        self.n, self.dtype = int(n), np.dtype(dtype)
+        data = _align(self.n * self.dtype.itemsize)
+        self.shm = create(name, 64 + 2 * data) if create_new else attach(name)
+        self.name = name
+        self.head = np.ndarray((self.HEADER,), np.int64, self.shm.buf, 0)
+        self.bufs = [np.ndarray((self.n,), self.dtype, self.shm.buf, 64 + i * data) for i in range(2)]
+        if create_new:
+            self.head[:] = 0
+            self.head[2] = -1
+
+    def publish(self, data: np.ndarray, version: int) -> None:
+        h = self.head
+        nxt = 1 - int(h[1])
+        h[0] += 1  # odd: a write is in progress
+        self.bufs[nxt][...] = data
+        h[1] = nxt
+        h[2] = version
+        h[0] += 1  # even again: done
+
+    def version(self) -> int:
+        return int(self.head[2])
+
+    def read(self, out: Optional[np.ndarray] = None, spin_s: float = 0.0005) -> Tuple[int, np.ndarray]:
+        """(version, a private copy of the newest publication)."""
+        h = self.head
+        out = np.empty(self.n, self.dtype) if out is None else out
+        while True:
+            s1 = int(h[0])
+            if s1 & 1:
+                time.sleep(spin_s)
+                continue
+            idx, version = int(h[1]), int(h[2])
+            np.copyto(out, self.bufs[idx])
+            if int(h[0]) == s1:
+                return version, out
+
+    def close(self, unlink: bool) -> None:
+        self.head = None
+        self.bufs = []
+        release(self.shm, unlink)
+
+
+class StatusBlock:
+    """One float64 row per actor slot, written by that actor's process only: heartbeat, stats, chaos counts.
+    Read by the learner for per-actor stats and liveness; chaos counts are read once the process is gone."""
+
+    FIELDS = ("beat", "steps", "rollouts", "episodes", "env_s", "infer_s", "throttle_s", "blocked_s", "version",
+              "loads", "snapshot_s", "incarnation",
+              "duplicated", "reordered", "delayed", "dropped_steps", "kills", "hangs", "lost_held_steps",
+              "corrupted_nan", "corrupted_shape", "corrupted_prob", "corrupted_schema",
+              "corrupted_steps_nan", "corrupted_steps_shape", "corrupted_steps_prob", "corrupted_steps_schema")
+    INDEX = {f: i for i, f in enumerate(FIELDS)}
+
+    def __init__(self, actors: int, name: str, create_new: bool):
+        self.shm = create(name, actors * len(self.FIELDS) * 8) if create_new else attach(name)
+        self.name = name
+        self.rows = np.ndarray((actors, len(self.FIELDS)), np.float64, self.shm.buf, 0)
+        if create_new:
+            self.rows[:] = 0.0
+
+    def set(self, actor: int, **values: float) -> None:
+        for k, v in values.items():
+            self.rows[actor, self.INDEX[k]] = v
+
+    def get(self, actor: int, key: str) -> float:
+        return float(self.rows[actor, self.INDEX[key]])
+
+    def row(self, actor: int) -> Dict[str, float]:
+        r = self.rows[actor].copy()
+        return {f: float(r[i]) for i, f in enumerate(self.FIELDS)}
+
+    def close(self, unlink: bool) -> None:
+        self.rows = None
+        release(self.shm, unlink)
+
+
+class SharedCounter:
+    """The run's env-step budget shared by processes (``reserve`` / ``release`` under a cross-process lock),
+    plus the stop flag the learner raises at shutdown: int64 [total, used, stop]."""
+
+    def __init__(self, name: str, create_new: bool, lock, total: int = 0, used: int = 0):
+        self.shm = create(name, 24) if create_new else attach(name)
+        self.name = name
+        self.v = np.ndarray((3,), np.int64, self.shm.buf, 0)
+        self.lock = lock
+        if create_new:
+            self.v[0], self.v[1], self.v[2] = total, used, 0
+
+    def stop(self) -> None:
+        self.v[2] = 1
+
+    @property
+    def total(self) -> int:
+        return int(self.v[0])
+
+    @property
+    def used(self) -> int:
+        return int(self.v[1])
+
+    def reserve(self, n: int) -> bool:
+        with self.lock:
+            if self.v[1] + n > self.v[0]:
+                return False
+            self.v[1] += n
+            return True
+
+    def has_room(self, n: int) -> bool:
+        return int(self.v[1]) + n <= int(self.v[0])
+
+    def release(self, n: int) -> None:
+        with self.lock:
+            self.v[1] -= n
+
+    def close(self, unlink: bool) -> None:
+        self.v = None
+        release(self.shm, unlink)
