@@ -128,6 +128,7 @@ class RunnerConfig:
     start_method: str = "spawn"  # process runner: spawn | forkserver
     slots_per_actor: int = 0  # process runner: shared-memory fragment slots per actor (0 = auto)
     start_timeout_s: float = 120.0  # process runner: an actor process that has not started by then fails the run
+    actor_nice: int = 19  # process runner: niceness added to actor processes (0 = same priority as the learner)
 
 
 @dataclass
@@ -378,6 +379,7 @@ def validate(cfg: Any) -> Config:
              c.runner.start_method)
     _require(c.runner.slots_per_actor >= 0, "runner.slots_per_actor", "0 (auto) or an integer >= 1",
              c.runner.slots_per_actor)
+    _require(0 <= c.runner.actor_nice <= 19, "runner.actor_nice", "an integer in [0, 19]", c.runner.actor_nice)
     _require(c.runner.start_timeout_s > 0, "runner.start_timeout_s", "a number > 0", c.runner.start_timeout_s)
     _require(c.runner.restart_window_s > 0, "runner.restart_window_s", "a number > 0", c.runner.restart_window_s)
     _require(c.runner.restart_backoff_s >= 0, "runner.restart_backoff_s", "a number >= 0", c.runner.restart_backoff_s)

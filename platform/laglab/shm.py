@@ -211,8 +211,9 @@ class SeqBlock:
     def version(self) -> int:
         return int(self.head[2])
 
-    def read(self, out: Optional[np.ndarray] = None, spin_s: float = 0.0005) -> Tuple[int, np.ndarray]:
-        """(version, a private copy of the newest publication)."""
+    def read(self, out: Optional[np.ndarray] = None, spin_s: float = 0.0005, copy=np.copyto) -> Tuple[int, np.ndarray]:
+        """(version, a private copy of the newest publication). ``copy(dst, src)`` does the copying (a test
+        slows it down to stand for a reader that is descheduled mid-copy)."""
         h = self.head
         out = np.empty(self.n, self.dtype) if out is None else out
         while True:
@@ -221,7 +222,7 @@ class SeqBlock:
                 time.sleep(spin_s)
                 continue
             idx, version = int(h[1]), int(h[2])
-            np.copyto(out, self.bufs[idx])
+            copy(out, self.bufs[idx])
             if int(h[0]) == s1:
                 return version, out
 

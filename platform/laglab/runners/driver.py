@@ -115,8 +115,7 @@ class LearnerDriver:
     def _update(self) -> Dict[str, float]:
         before = self.balance()  # learner progress for the lr schedule: transitions that met a fate so far
         progress = before.admitted + sum(before.dropped.values()) + sum(before.rejected.values())
-        pending, ages = self.pending, self._ages
-        self.pending, self._ages = [], []
+        pending, ages = self.pending, self._ages  # staged until trained (an interrupt mid-update drops them)
         frags = [f for f, _ in pending]
         t0 = time.perf_counter()
         wait = t0 - self._t_last
@@ -127,6 +126,7 @@ class LearnerDriver:
         self.wait_s += wait
         self.compute_s += compute
         self.trained += sum(f.length for f, first in pending if first)
+        self.pending, self._ages = [], []
         m["lag/kept_frac"] = self._kept / max(1, self._kept + self._lag_dropped)
         self._kept = self._lag_dropped = 0
         m["transport/age_s_mean"] = float(np.mean(ages))

@@ -59,6 +59,11 @@ class _Books:
 def main(cfg: Config, actor_id: int, inc: int, names: Names, shapes, obs_shape, per_actor: int, conn, lock,
          parent_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the learner's to handle; it stops us
+    if cfg.runner.actor_nice:
+        try:
+            os.nice(cfg.runner.actor_nice)  # the learner is the bottleneck it must not wait for a core
+        except OSError:
+            pass
     books: Optional[_Books] = None
     try:
         from ..envs import EnvSpec  # noqa: F401 - (imports gymnasium; part of starting up)

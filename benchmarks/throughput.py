@@ -1,0 +1,117 @@
+"""Throughput of the runners side by side, in one invocation on one machine: env steps per second of sync,
+thread and process with 2 and 4 actors on CartPole (the default run) and HalfCheetah (a short budget), the
+process runner's overhead against the ideal on the latency env, heterogeneous env latencies against sync,
+and where each actor's time goes (env, inference, throttle, blocked, snapshot copies).
+
+    python benchmarks/throughput.py [--repeats 1] [--only cartpole,halfcheetah,latency,hetero] [--out DIR]
+
+Each run is its own process (`python train.py ...`), W&B off; SPS is summary.json's `sps` (env steps over
+the run's wall time, start-up included). Prints markdown tables with ratios against the best in-process
+runner (sync or thread) measured in the same invocation.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def train(out: Path, name: str, overrides: List[str]) -> Dict[str, object]:
+    run_dir = out / name
+    cmd = [sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={run_dir}", "tracking.wandb.mode=disabled",
+           "tracking.console_every_s=1e9", "tracking.progress=false", *overrides]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{p.stderr[-3000:]}")
+    s = json.loads((run_dir / "summary.json").read_text())
+    a = pd.read_parquet(run_dir / "actors.parquet").groupby("actor").last()
+    m = pd.read_parquet(run_dir / "metrics.parquet")
+    wall = float(s["wall_time_s"])
+    share = {k: float(a[k].mean()) / wall for k in ("env_s", "infer_s", "throttle_s", "blocked_s", "snapshot_s")
+             if k in a}
+    return {"name": name, "sps": float(s["sps"]), "wall": wall, "final": s["final_return_mean"],
+            "lag": float(m["lag/mean"].mean()), "learner_wait": float(m["learner/wait_frac"].iloc[-1]), **share}
+
+
+def table(rows: List[Dict[str, object]], base: float) -> None:
+    print("| run | SPS | x best in-process | final return | mean lag | learner waiting | actor time: env / infer / "
+          "throttle / blocked / snapshot |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['name']} | {r['sps']:,.0f} | {r['sps'] / base:.2f} | {r['final']:.1f} | {r['lag']:.2f} | "
+              f"{r['learner_wait']:.0%} | {r['env_s']:.0%} / {r['infer_s']:.0%} / {r['throttle_s']:.0%} / "
+              f"{r['blocked_s']:.0%} / {r['snapshot_s']:.0%} |")
+
+
+def median_run(out: Path, name: str, overrides: List[str], repeats: int) -> Dict[str, object]:
+    runs = [train(out, f"{name}-r{i}", overrides) for i in range(repeats)]
+    runs.sort(key=lambda r: r["sps"])
+    r = dict(runs[len(runs) // 2])
+    r["name"] = name
+    if repeats > 1:
+        r["name"] += f" (median of {repeats}: " + ", ".join(f"{x['sps']:,.0f}" for x in runs) + ")"
+    return r
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--only", default="cartpole,halfcheetah,latency,hetero")
+    ap.add_argument("--halfcheetah-steps", type=int, default=100_000)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="laglab-throughput-"))
+    only = set(args.only.split(","))
+    print(f"(run dirs under {out})\n")
+    for task, extra in [("cartpole", []), ("halfcheetah", ["env=halfcheetah",
+                                                           f"total_env_steps={args.halfcheetah_steps}"])]:
+        if task not in only:
+            continue
+        rows = []
+        for runner in ("sync", "thread", "process"):
+            for actors in (2, 4):
+                rows.append(median_run(out, f"{task} {runner} a{actors}", [f"runner={runner}", f"actors={actors}",
+                                                                           *extra], args.repeats))
+        base = max(r["sps"] for r in rows if " process " not in r["name"])
+        print(f"### {task}\n")
+        table(rows, base)
+        best_p = max(r["sps"] for r in rows if " process " in r["name"])
+        print(f"\nbest process / best in-process: **{best_p / base:.2f}x**\n")
+    if "latency" in only:
+        rows = []
+        for actors in (2, 4):
+            ideal = actors * 1000.0 / 2.0
+            r = median_run(out, f"latency [2] ms process a{actors}", ["env=latency", "env.latency_ms=[2]",
+                                                                      "runner=process", f"actors={actors}"],
+                           args.repeats)
+            r["ideal"] = ideal
+            rows.append(r)
+        print("### latency env, uniform 2 ms per step (process runner against the ideal sum of 1000/latency)\n")
+        print("| run | SPS | ideal | SPS / ideal |")
+        print("| --- | --- | --- | --- |")
+        for r in rows:
+            print(f"| {r['name']} | {r['sps']:,.0f} | {r['ideal']:,.0f} | {r['sps'] / r['ideal']:.2f} |")
+        print()
+    if "hetero" in only:
+        rows = [median_run(out, f"latency [1,2,4,8] ms {runner} a4", ["env=latency", "env.latency_ms=[1,2,4,8]",
+                                                                       "total_env_steps=20480",
+                                                                       f"runner={runner}", "actors=4"], args.repeats)
+                for runner in ("sync", "thread", "process")]
+        ideal = sum(1000.0 / x for x in (1, 2, 4, 8))
+        print(f"### heterogeneous latencies 1, 2, 4, 8 ms (4 actors; ideal {ideal:,.0f} SPS)\n")
+        table(rows, rows[0]["sps"])
+        print(f"\nprocess / sync: **{rows[2]['sps'] / rows[0]['sps']:.2f}x**; process / ideal: "
+              f"{rows[2]['sps'] / ideal:.2f}\n")
+
+
+if __name__ == "__main__":
+    main()

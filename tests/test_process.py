@@ -1,0 +1,258 @@
+"""The process runner: shared-memory slots and the seqlocked snapshot block, real faults (SIGKILL, hangs),
+exact books, bad input refused before any process starts, and nothing leaked on any exit path."""
+import json
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from laglab.config import ConfigError
+from laglab.envs import EnvSpec
+from laglab.run import env_spec, run
+from laglab.shm import FragmentLayout, SeqBlock, SlotPool, leftover_segments, new_token, segment_name
+from laglab.tagged import TAGGED_ID
+
+from test_protocol import TRANSIT, balanced, cfg_of
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pcfg(**over):
+    over.setdefault("runner", {})
+    over["runner"] = {"name": "process", **over["runner"]}
+    return cfg_of(**over)
+
+
+def children():
+    return [p for p in mp.active_children() if p.name.startswith("laglab-actor")]
+
+
+# ---- shared memory -----------------------------------------------------------------------------------------
+def test_slots_round_trip_a_fragment_and_are_free_again_after_reading(tmp_path):
+    from test_protocol import Actor, Learner
+
+    cfg = cfg_of(env={"id": TAGGED_ID, "kwargs": {"horizon": 3}})
+    spec = env_spec(cfg)
+    actor = Actor(cfg, 1, 7)
+    actor.load(Learner(cfg, spec).snapshot())
+    frags = actor.collect().fragments
+    pool = SlotPool(FragmentLayout(spec, 16), actors=2, per_actor=4, name=segment_name(new_token(), "t"),
+                    create_new=True)
+    try:
+        f = next(f for f in frags if f.truncated.any())
+        slot = pool.free_slot(1)
+        assert slot in pool.partition(1)
+        k = pool.write(slot, f)
+        assert k == int(f.truncated.sum()) and pool.state[slot] == 1 and pool.free_slot(1) != slot
+        g = pool.read(slot, f.id, k)
+        assert pool.state[slot] == 0
+        for name in ("obs", "actions", "rewards", "disc_return", "terminated", "truncated", "logp", "values",
+                     "trunc_obs", "last_obs"):
+            np.testing.assert_array_equal(getattr(g, name), getattr(f, name))
+            assert not getattr(g, name).flags.writeable  # sealed, and a private copy
+        pool.write(pool.free_slot(1), f)
+        pool.write(pool.free_slot(1), f)
+        assert pool.reclaim(1) == 2 and pool.free_slot(1) == 4  # a dead actor's partition comes back whole
+    finally:
+        pool.close(unlink=True)
+
+
+def _hammer(name, n, rounds, pause):
+    """Publish ``rounds`` versions (every value = the version), with random pauses averaging ``pause``: some
+    gaps are longer than a slow read (it succeeds), some shorter (two publications overtake it)."""
+    blk = SeqBlock(n, "float32", name, create_new=False)
+    rng = np.random.default_rng(0)
+    for v in range(1, rounds + 1):
+        blk.publish(np.full(n, float(v), np.float32), v)
+        time.sleep(rng.exponential(pause))
+    blk.close(unlink=False)
+
+
+def _slow_copy(dst, src, chunks=8):
+    """A copy that a reader is descheduled in the middle of, several times."""
+    step = -(-len(dst) // chunks)
+    for i in range(0, len(dst), step):
+        np.copyto(dst[i:i + step], src[i:i + step])
+        time.sleep(0.0003)
+
+
+def test_no_reader_ever_keeps_parameters_from_two_versions():
+    n, rounds = 100_000, 800
+    name = segment_name(new_token(), "seq")
+    blk = SeqBlock(n, "float32", name, create_new=True)
+    out = np.empty(n, np.float32)
+    try:
+        for check in (True, False):
+            writer = mp.get_context("spawn").Process(target=_hammer, args=(name, n, rounds, 0.002))
+            writer.start()
+            versions, torn = set(), 0
+            while writer.is_alive() or not versions:
+                if check:
+                    version, data = blk.read(out, copy=_slow_copy)
+                else:  # the same slow copy of the active buffer, without the sequence check
+                    version = int(blk.head[2])
+                    _slow_copy(out, blk.bufs[int(blk.head[1])])
+                    data = out
+                if version > 0:
+                    versions.add(version)
+                    torn += int(data.min() != data.max() or (check and data[0] != version))
+            writer.join()
+            assert writer.exitcode == 0
+            if check:
+                assert torn == 0 and len(versions) > 5  # many versions read while the writer went on
+            else:
+                assert torn > 0  # without the seqlock the same reads tear: the check above can fail
+    finally:
+        blk.close(unlink=True)
+
+
+# ---- the protocol, with real processes ----------------------------------------------------------------------
+def test_faults_in_transit_are_all_accounted_across_processes(tmp_path):
+    s = run(pcfg(chaos={"name": "transit", **TRANSIT}), tmp_path)
+    t, c = s["transport"], s["chaos"]
+    assert c["duplicated"] > 0 and c["delayed"] > 0 and c["dropped_steps"] > 0 and "shape" not in c["corrupted"]
+    assert t["duplicates_detected"] == c["duplicated"]
+    assert t["dropped"].get("lost_in_transit", 0) == c["dropped_steps"]
+    from laglab.chaos import EXPECTED_REASON
+    assert {EXPECTED_REASON[k]: n for k, n in c["corrupted_steps"].items()} == t["rejected"]
+    assert t["misattributed"] == 0 and balanced(t)
+    assert not children() and not leftover_segments(os.getpid())
+
+
+def test_sigkilled_actors_are_replaced_and_their_data_is_booked(tmp_path):
+    s = run(pcfg(runner={"actors_max_restarts": 50}, chaos={"name": "kill", "kill_every_steps": 1000}), tmp_path)
+    t, c = s["transport"], s["chaos"]
+    assert c["kills"] >= 2 and s["actor_restarts"] == c["kills"]
+    assert t["dropped"]["actor_crash"] > 0  # the rest of the rollout a killed process never sent
+    assert t["dropped"].get("lost_in_transit", 0) == c["dropped_steps"] + c["lost_held_steps"]
+    assert t["misattributed"] == 0 and balanced(t) and s["status"] == "completed"
+
+
+def test_a_hung_actor_process_is_killed_and_replaced(tmp_path):
+    s = run(pcfg(runner={"heartbeat_timeout_s": 1.0, "actors_max_restarts": 5},
+                 chaos={"name": "hang", "hang_every_steps": 2000}), tmp_path)
+    t = s["transport"]
+    assert s["chaos"]["hangs"] >= 1 and s["actor_restarts"] >= 1
+    assert t["dropped"]["abandoned"] == 64 * s["chaos"]["hangs"]  # its whole rollout, never sent
+    assert balanced(t) and t["misattributed"] == 0
+
+
+@pytest.mark.parametrize("policy", ["block", "drop_oldest"])
+def test_queue_policies_hold_with_processes(tmp_path, policy):
+    s = run(pcfg(transport={"capacity": 6, "policy": policy}, total_env_steps=4096,
+                 chaos={"name": "stall", "stall_every_updates": 1, "stall_s": 0.3}), tmp_path)
+    t = s["transport"]
+    assert t["queue"]["max_depth"] <= 6 and balanced(t)
+    if policy == "drop_oldest":
+        assert t["dropped"]["overflow"] > 0
+
+
+def test_throttle_and_lag_filter_work_across_processes(tmp_path):
+    s = run(pcfg(actor={"max_lead_steps": 128}, learner={"max_policy_lag": 1}, total_env_steps=16384), tmp_path)
+    df = pd.read_parquet(tmp_path / "metrics.parquet")
+    assert df["lag/max"].max() <= 1 and balanced(s["transport"])
+    a = pd.read_parquet(tmp_path / "actors.parquet")
+    assert set(a["actor"]) == {0, 1} and a["steps"].max() > 0 and (a["env_s"] > 0).any()
+
+
+def test_resume_with_processes_continues_the_counters(tmp_path):
+    a = run(pcfg(learner={"checkpoint_every": 2}), tmp_path / "a")
+    b = run(pcfg(resume=str(tmp_path / "a"), total_env_steps=16384), tmp_path / "b")
+    assert b["start_version"] == a["policy_version"] and b["transport"]["balanced"]
+    assert b["env_steps"] > a["env_steps"]
+
+
+# ---- refused before anything starts ----------------------------------------------------------------------
+def test_a_slot_pool_that_cannot_work_is_refused_naming_the_key(tmp_path):
+    from laglab.runners.process import check_fits
+
+    for over, needle in [({"slots_per_actor": 2}, "envs_per_actor"), ({"slots_per_actor": 4}, "one batch"),
+                         ({"slots_per_actor": 10**9}, "/dev/shm")]:
+        cfg = pcfg(runner=over, learner={"batch_size": 512})
+        with pytest.raises(ConfigError, match=r"runner\.slots_per_actor"):
+            check_fits(cfg, env_spec(cfg))
+        with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
+            check_fits(cfg, env_spec(cfg))
+    assert not children() and not leftover_segments(os.getpid())
+
+
+def test_a_child_that_cannot_start_fails_the_run_with_its_error(tmp_path):
+    from laglab.runners.supervisor import ActorFailed
+
+    t0 = time.monotonic()
+    with pytest.raises(ActorFailed, match="cannot start in an actor process"):
+        run(pcfg(env={"id": "failing_env:FailInChild-v0"}), tmp_path)
+    assert time.monotonic() - t0 < 60  # quickly: no restarts of a child that never started (not a hang)
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["status"] == "failed" and "could not start" in s["error"]
+    assert not children() and not leftover_segments(os.getpid())
+
+
+# ---- nothing leaks -----------------------------------------------------------------------------------------
+def _train(tmp_path, *args):
+    return subprocess.Popen([sys.executable, "train.py", "runner=process", "tracking.wandb.mode=disabled",
+                             "tracking.flush_every_s=0", f"hydra.run.dir={tmp_path}", *args], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _pids_of_children(pid):
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                stat = (p / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(p.name))
+    return out
+
+
+def _wait_for_metrics(p, run_dir):
+    deadline = time.monotonic() + 180
+    while not (run_dir / "metrics.parquet").exists():
+        assert p.poll() is None, p.stderr.read()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("how", ["completed", "sigterm", "ctrl_c", "sigkill_actor"])
+def test_no_shared_memory_or_process_is_left_behind(tmp_path, how):
+    budget = "total_env_steps=16384" if how == "completed" else "total_env_steps=50000000"
+    p = _train(tmp_path, budget)
+    kids = []
+    try:
+        if how != "completed":
+            _wait_for_metrics(p, tmp_path)
+            kids = _pids_of_children(p.pid)
+            assert len(kids) >= 4  # 4 actors (+ the resource tracker)
+            assert leftover_segments(p.pid)  # the run's segments exist while it runs
+            if how == "sigterm":
+                p.send_signal(signal.SIGTERM)
+            elif how == "ctrl_c":
+                os.killpg(p.pid, signal.SIGINT)  # the whole foreground group, as a terminal does
+            else:
+                actor = next(k for k in kids if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes())
+                os.kill(actor, signal.SIGKILL)
+                time.sleep(2.0)  # let the supervisor notice, then stop the run
+                p.send_signal(signal.SIGTERM)
+        p.wait(120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["status"] == ("completed" if how == "completed" else "interrupted"), p.stderr.read()[-3000:]
+    assert s["transport"]["balanced"]
+    if how == "sigkill_actor":
+        assert s["actor_restarts"] >= 1 and s["transport"]["dropped"].get("actor_crash", 0) >= 0
+    assert not leftover_segments(p.pid)
+    time.sleep(0.5)
+    alive = [k for k in kids if Path(f"/proc/{k}").exists() and "Z" not in Path(f"/proc/{k}/stat").read_text().split()[2]]
+    assert not alive, alive
