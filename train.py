@@ -1,4 +1,7 @@
-"""laglab entry point: ``python train.py [overrides]`` (Hydra). See README.md for the config groups."""
+"""laglab entry point: ``python train.py [overrides]`` (Hydra). See README.md for the config groups.
+
+Kept light at import: actor processes started with ``spawn`` re-import this module, and must not pay for
+Hydra (everything heavy is imported when it runs as the program)."""
 from __future__ import annotations
 
 import os
@@ -7,33 +10,31 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "platform"))
 
-import hydra  # noqa: E402
-from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from hydra.types import RunMode  # noqa: E402
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from laglab.config import ConfigError, register_configs, validate  # noqa: E402
+def main(cfg) -> float:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
 
-register_configs()
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> float:
+    from laglab.config import ConfigError, validate
     from laglab.run import check_resume, env_spec, run
+    from laglab.runners.supervisor import request_stop
 
     try:
         c = validate(cfg)
         spec = env_spec(c)  # an env id that cannot be made is a config error too, reported before anything starts
         check_resume(c, spec)
+        if c.runner.name.value == "process":
+            from laglab.runners.process import check_fits
+
+            check_fits(c, spec)
     except ConfigError as e:
         print(f"laglab: {e}", file=sys.stderr)
         sys.exit(2)
 
-    signal.signal(signal.SIGTERM, _interrupt)  # a killed run still writes its summary (status: interrupted)
+    # SIGTERM and Ctrl-C stop the run at its next safe point; it still writes its summary (status: interrupted)
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
     hc = HydraConfig.get()
     group = hc.sweep.dir if hc.mode == RunMode.MULTIRUN else None  # a sweep is one W&B group
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -42,4 +43,9 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    import hydra
+
+    from laglab.config import register_configs
+
+    register_configs()
+    hydra.main(version_base="1.3", config_path="conf", config_name="config")(main)()

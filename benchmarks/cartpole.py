@@ -1,7 +1,9 @@
-"""CartPole-v1 side by side: laglab's default run (threads), laglab runner=sync, and Stable-Baselines3 PPO
-(defaults, 4 envs; needs the `bench` extra), measured in one invocation on the same machine.
+"""CartPole-v1 side by side: laglab's default run with the thread, process and sync runners, and
+Stable-Baselines3 PPO (defaults, 4 envs; needs the `bench` extra), measured in one invocation on the same
+machine.
 
-    python benchmarks/cartpole.py --seeds 0 1 2 3 4 [--no-sb3] [--budget 200000] [-- extra overrides]
+    python benchmarks/cartpole.py --seeds 0 1 2 3 4 [--runners thread process sync] [--no-sb3] [--budget 200000]
+                                  [-- extra overrides]
 
 For each run: wall seconds and env steps until the rolling mean of the last 20 finished episodes first
 reaches 475, env steps per wall second, and the final rolling-20 return. Each run is its own process, timed
@@ -94,6 +96,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--budget", type=int, default=200_000)
     ap.add_argument("--no-sb3", action="store_true")
+    ap.add_argument("--runners", nargs="+", default=["thread", "process", "sync"])
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for the laglab runs")
     args = ap.parse_args()
@@ -107,11 +110,11 @@ def main() -> None:
         print("(stable-baselines3 not installed: pip install -e '.[bench]' to compare against it)")
     rows = []
     for seed in args.seeds:
-        rows.append(run_laglab(seed, "thread", args.budget, args.overrides, out))
-        rows.append(run_laglab(seed, "sync", args.budget, args.overrides, out))
+        for runner in args.runners:
+            rows.append(run_laglab(seed, runner, args.budget, args.overrides, out))
         if have_sb3:
             rows.append(run_sb3(seed, args.budget, out))
-        for r in rows[-(3 if have_sb3 else 2):]:
+        for r in rows[-(len(args.runners) + (1 if have_sb3 else 0)):]:
             print(f"  seed {seed} {r['who']:<14} t475={fmt(r['t475'])}s steps475={fmt(r['steps475'], 0)} "
                   f"sps={r['sps']:,.0f} final={r['final']:.1f}", flush=True)
     df = pd.DataFrame(rows)

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def train(out: Path, name: str, overrides: List[str]) -> Dict[str, object]:
-    run_dir = out / name
+    run_dir = out / "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
     cmd = [sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={run_dir}", "tracking.wandb.mode=disabled",
            "tracking.console_every_s=1e9", "tracking.progress=false", *overrides]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)

@@ -114,8 +114,11 @@ def test_no_reader_ever_keeps_parameters_from_two_versions():
 
 
 # ---- the protocol, with real processes ----------------------------------------------------------------------
-def test_faults_in_transit_are_all_accounted_across_processes(tmp_path):
-    s = run(pcfg(chaos={"name": "transit", **TRANSIT}), tmp_path)
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_faults_in_transit_are_all_accounted_across_processes(tmp_path, start_method):
+    s = run(pcfg(runner={"start_method": start_method}, chaos={"name": "transit", **TRANSIT}), tmp_path)
+    assert s["env_steps"] == 8192 and s["transport"]["admitted"] > 0
+    assert s["transport"]["queue"]["actors_with_torch"] == 0  # actor processes run numpy only
     t, c = s["transport"], s["chaos"]
     assert c["duplicated"] > 0 and c["delayed"] > 0 and c["dropped_steps"] > 0 and "shape" not in c["corrupted"]
     assert t["duplicates_detected"] == c["duplicated"]

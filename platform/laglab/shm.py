@@ -114,7 +114,6 @@ class SlotPool:
         self.layout = layout
         self.actors, self.per_actor = actors, per_actor
         self.n = actors * per_actor
-        self.size = self.n + self.n * layout.slot_bytes
         self.shm = create(name, _align(self.n) + self.n * layout.slot_bytes) if create_new else attach(name)
         self.name = name
         self.state = np.ndarray((self.n,), np.uint8, self.shm.buf, 0)
@@ -184,7 +183,8 @@ class SeqBlock:
     """A versioned array published by one writer and copied by many readers, double-buffered under a seqlock:
     the writer fills the inactive buffer between two increments of the sequence number and then flips; a
     reader copies the active buffer and keeps the copy only if the sequence number was even and unchanged
-    around the copy. So no reader ever keeps a mix of two publications."""
+    around the copy. So no reader ever keeps a mix of two publications. (Relies on x86-64's store and load
+    ordering, as numpy offers no fences: the platform this runs on.)"""
 
     HEADER = 4  # int64: seq, active buffer, version, spare
 
@@ -203,22 +203,29 @@ class SeqBlock:
         h = self.head
         nxt = 1 - int(h[1])
         h[0] += 1  # odd: a write is in progress
-        self.bufs[nxt][...] = data
-        h[1] = nxt
-        h[2] = version
-        h[0] += 1  # even again: done
+        try:
+            self.bufs[nxt][...] = data
+            h[1] = nxt
+            h[2] = version
+        finally:
+            h[0] += 1  # even again (also if interrupted: the flip happened or not, never half)
 
     def version(self) -> int:
         return int(self.head[2])
 
-    def read(self, out: Optional[np.ndarray] = None, spin_s: float = 0.0005, copy=np.copyto) -> Tuple[int, np.ndarray]:
+    def read(self, out: Optional[np.ndarray] = None, spin_s: float = 0.0005, copy=np.copyto,
+             alive=None) -> Tuple[int, np.ndarray]:
         """(version, a private copy of the newest publication). ``copy(dst, src)`` does the copying (a test
-        slows it down to stand for a reader that is descheduled mid-copy)."""
+        slows it down to stand for a reader that is descheduled mid-copy). ``alive()``, checked while a write
+        is in progress: False ends the wait (SystemExit), so a writer that died mid-publication cannot hang a
+        reader."""
         h = self.head
         out = np.empty(self.n, self.dtype) if out is None else out
         while True:
             s1 = int(h[0])
             if s1 & 1:
+                if alive is not None and not alive():
+                    raise SystemExit(0)
                 time.sleep(spin_s)
                 continue
             idx, version = int(h[1]), int(h[2])
@@ -237,7 +244,7 @@ class StatusBlock:
     Read by the learner for per-actor stats and liveness; chaos counts are read once the process is gone."""
 
     FIELDS = ("beat", "steps", "rollouts", "episodes", "env_s", "infer_s", "throttle_s", "blocked_s", "version",
-              "loads", "snapshot_s", "incarnation",
+              "loads", "snapshot_s", "incarnation", "reserved", "torch_loaded",
               "duplicated", "reordered", "delayed", "dropped_steps", "kills", "hangs", "lost_held_steps",
               "corrupted_nan", "corrupted_shape", "corrupted_prob", "corrupted_schema",
               "corrupted_steps_nan", "corrupted_steps_shape", "corrupted_steps_prob", "corrupted_steps_schema")

@@ -18,7 +18,7 @@ from ..learner import Learner, batch_fragments, lag_ok
 from ..policy import Snapshot
 from ..tagged import TAGGED_ID
 from ..tracking import Tracker
-from .supervisor import ActorFailed
+from .supervisor import ActorFailed, check_stop
 
 
 class LearnerDriver:
@@ -196,6 +196,7 @@ def serve(queue, driver: LearnerDriver, supervise: Callable[[], bool], grant: Ca
     granted = dict(driver.learner.consumed)
     last_data = time.monotonic()
     while True:
+        check_stop()
         item = queue.get(poll)
         if item is None:
             credits = driver.starved_credits()

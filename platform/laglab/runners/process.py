@@ -17,7 +17,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import shutil
-import signal
 import threading
 import time
 from multiprocessing.connection import wait as wait_conns
@@ -155,6 +154,7 @@ class _Runner:
         self.stopping = threading.Event()
         self.receiver_error: Optional[BaseException] = None
         self.last_version = learner.version
+        self.granted: Dict[int, int] = dict(learner.consumed)
         self.driver = LearnerDriver(cfg, learner, tracker, counter, self.admission, self.ledger,
                                     publish=self.publish, link_steps=self.link_steps,
                                     queue_steps=self.queue.first_steps, gauges=self.gauges,
@@ -166,6 +166,7 @@ class _Runner:
         self.grant(snap.consumed)
 
     def grant(self, consumed) -> None:
+        self.granted = dict(consumed)
         c = np.zeros(2 * self.cfg.actors, np.int64)
         for s in self.slots:
             if s.child is not None:
@@ -201,16 +202,26 @@ class _Runner:
         proc = self.ctx.Process(target=process_actor.main, name=f"laglab-actor-{slot.actor_id}",
                                 args=(self.cfg, slot.actor_id, inc, self.names, self.shapes, self.spec.obs_shape,
                                       self.per, w, self.counter.lock, os.getpid()), daemon=True)
-        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-            os.environ.setdefault(var, "1")  # inherited by the child (the learner's pools already exist)
+        saved = {v: os.environ.get(v) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+        try:
+            os.environ.update({v: "1" for v in saved})  # one BLAS thread in the child
+            proc.start()
+        except BaseException:
+            r.close()
+            raise
+        finally:
+            w.close()  # the child holds the only write end: its exit is our EOF
+            for v, old in saved.items():
+                if old is None:
+                    os.environ.pop(v, None)
+                else:
+                    os.environ[v] = old
         child = _Child(slot.actor_id, inc, proc, r)
         with self.conn_lock:
             self.children.append(child)
             self.by_conn[r] = child
         slot.child = child
-        proc.start()
-        w.close()  # the child holds the only write end: its exit is our EOF
-        self.grant(self.learner.consumed)
+        self.grant(self.granted)  # the credit block names the new incarnation (no credit yet)
 
     def apply_books(self, child: _Child, books) -> None:
         """Take the sender's reported books (under the ledger's lock)."""
@@ -228,10 +239,12 @@ class _Runner:
             return
         led = self.ledger
         if m.kind == wire.FRAG:
-            frag = self.pool.read(m.slot, m.fid, m.k) if 0 <= m.slot < self.pool.n else None
-            if frag is None:
-                self.malformed += 1
+            if m.slot not in self.pool.partition(child.actor_id) or self.pool.state[m.slot] != 1:
+                self.malformed += 1  # not a slot this actor filled: nothing to read (its books come next)
+                with led.lock:
+                    self.apply_books(child, m.books)
                 return
+            frag = self.pool.read(m.slot, m.fid, m.k)
             arrive_at_queue(led, self.queue, frag, lambda: child.abandoned, lambda: self.apply_books(child, m.books),
                             lambda _: None, self.poll)
             return
@@ -251,8 +264,12 @@ class _Runner:
             child.error = m.text
 
     def finalize(self, child: _Child) -> None:
-        """The child's pipe is drained (EOF): book what died with it, reclaim its slots, merge its chaos counts."""
+        """The child's pipe is drained (EOF): book what died with it, release the budget it reserved and never
+        reported, reclaim its slots (once it is surely gone), merge its chaos counts."""
         child.proc.join(timeout=5)
+        if child.proc.is_alive():
+            child.proc.kill()
+            child.proc.join(timeout=5)
         reason = ("shutdown" if child.done or self.stopping.is_set() else
                   "abandoned" if child.abandoned else "actor_crash")
         led = self.ledger
@@ -262,6 +279,9 @@ class _Runner:
             self.reclaimed += self.pool.reclaim(child.actor_id)
         r = self.status.row(child.actor_id)
         if int(r["incarnation"]) == child.inc:
+            unreported = int(r["reserved"]) - child.books[0]
+            if unreported > 0:
+                self.counter.release(unreported)  # reserved for a rollout that never reached us
             c = ChaosCounts(duplicated=int(r["duplicated"]), reordered=int(r["reordered"]), delayed=int(r["delayed"]),
                             dropped_steps=int(r["dropped_steps"]), kills=int(r["kills"]), hangs=int(r["hangs"]))
             for k in CORRUPTIONS:
@@ -286,7 +306,7 @@ class _Runner:
                 for conn in wait_conns(conns, timeout=self.poll):
                     child = self.by_conn[conn]
                     try:
-                        data = conn.recv_bytes()
+                        data = conn.recv_bytes(maxlength=1 << 24)
                     except (EOFError, OSError):
                         with self.conn_lock:
                             del self.by_conn[conn]
@@ -338,8 +358,8 @@ class _Runner:
 
     def kill(self, child: _Child) -> None:
         try:
-            os.kill(child.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, TypeError):
+            child.proc.kill()  # SIGKILL, and a no-op once multiprocessing has reaped it
+        except (ValueError, AttributeError):
             pass
 
     def run(self) -> Dict[str, Any]:
@@ -372,7 +392,8 @@ class _Runner:
         queue_info = {"max_depth": self.queue.stats.max_depth, "max_bytes": self.queue.stats.max_bytes,
                       "blocked_s": self.queue.stats.blocked_s, "capacity": self.queue.capacity,
                       "max_bytes_bound": self.queue.max_bytes, "slots": self.pool.n,
-                      "slots_reclaimed": self.reclaimed, "malformed_messages": self.malformed}
+                      "slots_reclaimed": self.reclaimed, "malformed_messages": self.malformed,
+                      "actors_with_torch": int(sum(self.status.get(s.actor_id, "torch_loaded") for s in self.slots))}
         out = self.driver.summary(bal, self.intensity.total, chaos, {"queue": queue_info})
         out.update({"actor_stats": self.actor_stats(), "env_steps": self.counter.used})
         return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -79,7 +80,7 @@ def main(cfg: Config, actor_id: int, inc: int, names: Names, shapes, obs_shape, 
         ch = ChaosChannel(cfg.chaos, cfg.seed, actor_id, inc, SLOT_CORRUPTIONS)
         books = _Books(ch)
         status.rows[actor_id, :] = 0.0  # the previous incarnation's row was read when it ended
-        status.set(actor_id, beat=time.monotonic(), incarnation=inc)
+        status.set(actor_id, beat=time.monotonic(), incarnation=inc, torch_loaded=float("torch" in sys.modules))
         conn.send_bytes(wire.started(inc))
     except BaseException:  # noqa: BLE001 - the learner fails the run with this text
         try:
@@ -100,11 +101,21 @@ class _Loop:
         self.version = -1
         self.snapshot_s = 0.0
         self.poll = min(0.002, cfg.runner.poll_s)
+        self.reserved = 0
         actor.heartbeat = self.beat
 
     # ---- liveness -------------------------------------------------------------------------------------------
+    def learner_alive(self) -> bool:
+        try:
+            os.kill(self.parent_pid, 0)  # (the learner's pid: under forkserver it is not our parent)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
     def stopping(self) -> bool:
-        return self.budget.v[2] != 0 or os.getppid() != self.parent_pid
+        return self.budget.v[2] != 0 or not self.learner_alive()
 
     def beat(self) -> None:
         self.status.set(self.actor_id, beat=time.monotonic())
@@ -124,13 +135,13 @@ class _Loop:
     def refresh(self) -> None:
         if self.snap_block.version() > self.version:
             t0 = time.perf_counter()
-            version, flat = self.snap_block.read()
+            version, flat = self.snap_block.read(alive=lambda: not self.stopping())
             self.actor.load(self.codec.decode(version, flat))
             self.version = version
             self.snapshot_s += time.perf_counter() - t0
 
     def credit(self) -> Dict[int, int]:
-        _, c = self.credits.read()
+        _, c = self.credits.read(alive=lambda: not self.stopping())
         inc, value = int(c[2 * self.actor_id]), int(c[2 * self.actor_id + 1])
         return {inc: value}
 
@@ -187,10 +198,14 @@ class _Loop:
                     continue
                 if not self.budget.reserve(per_rollout):
                     break
+                self.reserved += per_rollout  # (released by the learner if this process dies before reporting)
+                self.status.set(self.actor_id, reserved=self.reserved)
                 try:
                     ro = actor.collect()
                 except BaseException:
                     self.budget.release(per_rollout)
+                    self.reserved -= per_rollout
+                    self.status.set(self.actor_id, reserved=self.reserved)
                     raise
                 books.produced += ro.steps
                 books.in_hand += ro.steps
@@ -202,6 +217,7 @@ class _Loop:
                     ch.counts.hangs += 1
                     ch.hang_at = None
                     self.publish_stats()
+                    self.status.set(self.actor_id, lost_held_steps=books.link())  # dies with the process
                     while not self.stopping():  # no heartbeat: the supervisor will kill this process
                         time.sleep(0.05)
                     raise SystemExit(0)
@@ -220,7 +236,7 @@ class _Loop:
             self.drain()
             self.publish_stats()
             self.send(wire.done(self.inc, books.tuple()))
-        except (SystemExit, BrokenPipeError, EOFError, OSError):
+        except (SystemExit, BrokenPipeError, EOFError, ConnectionError):
             pass  # stopping, or the learner is gone
         except BaseException:  # noqa: BLE001 - report, then exit with an error
             try:

@@ -5,6 +5,7 @@ a long run) never exhaust it; a crash loop does, quickly."""
 from __future__ import annotations
 
 import collections
+import threading
 import time
 from typing import Callable, Deque, Dict
 
@@ -33,3 +34,23 @@ class RestartIntensity:
                               f"{self.window_s:g}); last: {why}")
         q.append(now)
         self.total += 1
+
+
+# ---- stop requests ---------------------------------------------------------------------------------------
+STOP = threading.Event()
+
+
+def request_stop(signum=None, frame=None) -> None:
+    """Signal handler for SIGTERM and SIGINT (installed by train.py): the run stops at its next safe point
+    (between two deliveries, never inside an update, a publication or the books), with status "interrupted".
+    A second signal stops it at once."""
+    if STOP.is_set():
+        raise KeyboardInterrupt(f"signal {signum} (again)")
+    STOP.set()
+
+
+def check_stop() -> None:
+    """A safe point: raise KeyboardInterrupt if a stop was requested."""
+    if STOP.is_set():
+        STOP.clear()
+        raise KeyboardInterrupt("stop requested")

@@ -21,7 +21,7 @@ from ..fragment import Fragment
 from ..learner import Learner
 from ..tracking import Tracker
 from .driver import LearnerDriver
-from .supervisor import ActorFailed, RestartIntensity
+from .supervisor import ActorFailed, RestartIntensity, check_stop
 from .worker import OK, Incarnation
 
 __all__ = ["run", "ActorFailed", "plan"]
@@ -80,6 +80,7 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
             current = snap[0]
             rollouts, _ = plan(nxt, max(1, driver.need - len(driver.pending)), cfg.actors, E)
             for i, envs in rollouts:
+                check_stop()
                 nxt = (nxt + len(envs)) % (cfg.actors * E)
                 try:
                     more = slots[i].produce(current, budget, tracker, endpoint, lambda: None,
