@@ -181,3 +181,17 @@ def test_a_resumed_run_continues_incarnations_and_refuses_a_checkpoint_that_does
     p = subprocess.run([sys.executable, "train.py", f"resume={tmp_path / 'a'}", "env.id=Acrobot-v1",
                         f"hydra.run.dir={tmp_path / 'c'}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "does not fit this run" in p.stderr and "env.id" in p.stderr
+
+
+@pytest.mark.parametrize("runner", ["sync", "thread", "process"])
+def test_fixed_lag_produces_the_lag_it_claims(tmp_path, runner):
+    # sync: exactly k once k versions exist; async runners: never fresher than k (k + their own queueing lag)
+    s = run(cfg_of(runner={"name": runner}, actor={"fixed_lag": 2}, learner={"batch_size": 256},
+                   total_env_steps=8192), tmp_path)
+    df = pd.read_parquet(tmp_path / "metrics.parquet")
+    assert s["transport"]["balanced"] and len(df) == 32
+    later = df.iloc[2:]
+    if runner == "sync":
+        assert df["lag/max"].tolist()[:2] == [0, 1] and (later["lag/min"] == 2).all() and (later["lag/max"] == 2).all()
+    else:
+        assert (later["lag/min"] >= 2).all()

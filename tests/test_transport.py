@@ -103,7 +103,7 @@ def test_policy_store_publishes_newer_versions_only_and_wakes_waiters():
     t.join(5.0)
     assert got == [1] and store.latest().version == 1
     with pytest.raises(ValueError):
-        store.publish(Snapshot.make(1, model, np.zeros(3), np.ones(3)))
+        store.publish(Snapshot.make(0, model, np.zeros(3), np.ones(3)))  # an older version
 
 
 def test_credit_grants_wake_throttled_actors_without_a_new_version():

@@ -96,6 +96,9 @@ class ActorConfig:
     # an actor pauses once it has produced this many env steps beyond what the learner has consumed
     # of its data, until the next snapshot arrives; null = never pause
     max_lead_steps: Optional[int] = None
+    # lag as an independent variable: act with the snapshot exactly this many publications behind the newest
+    # (the store keeps the last fixed_lag + 1); null = the newest
+    fixed_lag: Optional[int] = None
 
 
 @dataclass
@@ -347,6 +350,15 @@ def validate(cfg: Any) -> Config:
             "or every actor would pause before the learner publishes a snapshot",
             a.max_lead_steps,
         )
+    _require(a.fixed_lag is None or a.fixed_lag >= 0, "actor.fixed_lag", "null or an integer >= 0", a.fixed_lag)
+    fixed = (a.fixed_lag or 0) * lr.broadcast_every
+    _require(
+        lr.max_policy_lag is None or a.fixed_lag is None or lr.max_policy_lag >= fixed + lr.broadcast_every - 1,
+        "learner.max_policy_lag",
+        f"null or >= actor.fixed_lag*broadcast_every + broadcast_every - 1 ({fixed + lr.broadcast_every - 1}): "
+        "actors act that many versions behind on purpose",
+        lr.max_policy_lag,
+    )
     _require(
         lr.max_policy_lag is None or lr.max_policy_lag >= lr.broadcast_every - 1,
         "learner.max_policy_lag",

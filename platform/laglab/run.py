@@ -40,6 +40,33 @@ def resume_checkpoint(run_dir: str) -> Path:
                       "(set learner.checkpoint_every to write checkpoints during a run)")
 
 
+def provenance() -> Dict[str, Any]:
+    """Where a run came from: git commit and dirty flag of the source tree, package versions, host, command
+    line, start time (the analysis warns when pooled runs differ)."""
+    import datetime
+    import platform as stdlib_platform
+    import subprocess
+    import sys
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: Dict[str, Any] = {"host": stdlib_platform.node(), "python": stdlib_platform.python_version(),
+                           "command": " ".join(sys.argv), "start_time": datetime.datetime.now().isoformat(timespec="seconds")}
+    for pkg in ("laglab", "torch", "gymnasium", "numpy"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    src = Path(__file__).resolve().parents[2]
+    try:
+        git = lambda *a: subprocess.run(["git", "-C", str(src), *a], capture_output=True, text=True,  # noqa: E731
+                                        timeout=5).stdout.strip()
+        out["git_commit"] = git("rev-parse", "HEAD") or None
+        out["git_dirty"] = bool(git("status", "--porcelain", "--untracked-files=no")) if out["git_commit"] else None
+    except (OSError, subprocess.SubprocessError):
+        out["git_commit"], out["git_dirty"] = None, None
+    return out
+
+
 def check_resume(cfg: Config, spec: EnvSpec) -> None:
     """Refuse, before anything starts, a resume whose checkpoint was made for another env, algorithm or
     network (:class:`ConfigError` naming what differs)."""
@@ -69,7 +96,7 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
     tracker = Tracker(run_dir, cfg.tracking, cfg.total_env_steps, resolved_config, cfg.algo.name, group)
     base = {"algo": cfg.algo.name, "actors": cfg.actors, "seed": cfg.seed, "runner": cfg.runner.name.value,
             "env_id": cfg.env.id, "total_env_steps": cfg.total_env_steps, "resumed_from": cfg.resume,
-            "start_env_steps": used, "start_version": learner.version}
+            "start_env_steps": used, "start_version": learner.version, "provenance": provenance()}
     log.info("laglab: %s on %s, %d actor(s), runner=%s, seed=%d -> %s", cfg.algo.name, cfg.env.id, cfg.actors,
              cfg.runner.name.value, cfg.seed, run_dir)
     status, error, result = "failed", None, {}

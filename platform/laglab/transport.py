@@ -163,9 +163,11 @@ class PolicyStore:
         self._cv = threading.Condition()
 
     def publish(self, snap: Snapshot) -> None:
+        """Publish a newer snapshot (or the current version again, with new credits: ``actor.fixed_lag``);
+        an older version is refused."""
         with self._cv:
-            if snap.version <= self._snap.version:
-                raise ValueError(f"snapshot version {snap.version} is not newer than {self._snap.version}")
+            if snap.version < self._snap.version:
+                raise ValueError(f"snapshot version {snap.version} is older than {self._snap.version}")
             self._snap = snap
             self._credits = snap.consumed
             self._generation += 1

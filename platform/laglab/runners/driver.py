@@ -3,6 +3,7 @@ update -> publish -> checkpoint -> log, with the transport's books checked at ev
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
@@ -60,6 +61,8 @@ class LearnerDriver:
         self.wait_s = 0.0
         self.compute_s = 0.0
         self.stalls = 0
+        # actor.fixed_lag=k: actors get the snapshot k publications behind the newest (with the newest credits)
+        self._history = collections.deque([learner.snapshot()], maxlen=(cfg.actor.fixed_lag or 0) + 1)
 
     def offer(self, frag: Fragment, first: Optional[bool], age_s: float = 0.0) -> Optional[Dict[str, float]]:
         """Hand one arrived fragment to the learner; returns the update's metrics row when it completed a batch."""
@@ -146,7 +149,10 @@ class LearnerDriver:
         m["learner/updates_per_s"] = self.learner.updates / max(self.tracker.wall(), 1e-9)
         m.update(self.gauges())
         if self.learner.updates % self.cfg.learner.broadcast_every == 0:
-            self.publish(self.learner.publish_snapshot())
+            newest = self.learner.publish_snapshot()
+            self._history.append(newest)
+            acting = self._history[0]
+            self.publish(acting if acting is newest else dataclasses.replace(acting, consumed=newest.consumed))
         every = self.cfg.learner.checkpoint_every
         if every and self.checkpoint_dir is not None and self.learner.updates % every == 0:
             self.learner.save_checkpoint(self.checkpoint_dir / "latest.pt", self.budget.used)

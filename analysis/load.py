@@ -1,0 +1,79 @@
+"""Load: any mix of run dirs and multirun (sweep) dirs becomes one tidy pandas table, one row per run: the
+resolved config flattened to dotted keys (from ``.hydra/config.yaml``), the command-line overrides, the
+summary (status, env steps, SPS, returns, the transport books) and the provenance the run recorded."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, Iterable, List
+
+import pandas as pd
+import yaml
+
+
+def find_runs(paths: Iterable[str | Path]) -> List[Path]:
+    """Every run dir (a dir with summary.json) at or below the given paths, sorted, without repeats."""
+    out = set()
+    for p in map(Path, paths):
+        if not p.exists():
+            raise FileNotFoundError(f"{p}: no such run or sweep dir")
+        if (p / "summary.json").exists():
+            out.add(p.resolve())
+        else:
+            out.update(s.parent.resolve() for s in p.rglob("summary.json"))
+    if not out:
+        raise FileNotFoundError(f"no run dirs (with a summary.json) under {', '.join(map(str, paths))}")
+    return sorted(out)
+
+
+def flatten(d: Dict, prefix: str = "") -> Dict[str, object]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists become strings (so they can be grouped on)."""
+    out: Dict[str, object] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        elif isinstance(v, (list, tuple)):
+            out[key] = json.dumps(v)
+        else:
+            out[key] = v
+    return out
+
+
+def load_run(run_dir: Path) -> Dict[str, object]:
+    run_dir = Path(run_dir)
+    s = json.loads((run_dir / "summary.json").read_text())
+    row: Dict[str, object] = {"run_dir": str(run_dir), "status": s.get("status", "unknown")}
+    cfg_file = run_dir / ".hydra" / "config.yaml"
+    if cfg_file.exists():
+        row.update({f"cfg.{k}": v for k, v in flatten(yaml.safe_load(cfg_file.read_text()) or {}).items()})
+    ov = run_dir / ".hydra" / "overrides.yaml"
+    row["overrides"] = " ".join(yaml.safe_load(ov.read_text()) or []) if ov.exists() else ""
+    for k, v in s.items():
+        if isinstance(v, (int, float, str, bool)) or v is None:
+            row[f"summary.{k}"] = v
+    t = s.get("transport") or {}
+    produced = max(1, int(t.get("produced", 0) or 0))
+    row["transport.balanced"] = t.get("balanced")
+    for bucket in ("dropped", "rejected"):
+        for reason, n in (t.get(bucket) or {}).items():
+            row[f"{bucket}_frac.{reason}"] = n / produced
+        row[f"{bucket}_frac"] = sum((t.get(bucket) or {}).values()) / produced
+    for k, v in flatten(s.get("provenance") or {}).items():
+        row[f"provenance.{k}"] = v
+    return row
+
+
+def load(paths: Iterable[str | Path]) -> pd.DataFrame:
+    """One row per run; config columns are ``cfg.<dotted key>``."""
+    return pd.DataFrame([load_run(r) for r in find_runs(paths)])
+
+
+def curves(run_dir: str | Path) -> pd.DataFrame:
+    """metrics.parquet of one run (one row per learner update)."""
+    return pd.read_parquet(Path(run_dir) / "metrics.parquet")
+
+
+def histograms(run_dir: str | Path) -> pd.DataFrame:
+    p = Path(run_dir) / "histograms.parquet"
+    return pd.read_parquet(p) if p.exists() else pd.DataFrame(columns=["update", "env_steps", "metric", "values"])
