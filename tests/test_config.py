@@ -1,5 +1,6 @@
 """Every preset composes; every bad override is refused at the edge, naming the key."""
 import itertools
+import json
 import os
 import subprocess
 import tempfile
@@ -105,6 +106,22 @@ def test_train_py_refuses_bad_overrides_before_starting(args, needle):
 def test_free_form_keys_stay_free():
     c = validate(_compose("+env.kwargs.max_episode_steps=10", "env.id=CartPole-v1"))
     assert c.env.kwargs == {"max_episode_steps": 10}
+
+
+@pytest.mark.parametrize("name", ["lag_cost", "actors_knee", "queue_policy", "staleness"])
+def test_each_sweep_runs_its_first_job(name, tmp_path):
+    """The first point of each study's grid, as a short real run (the grid's values as overrides)."""
+    import yaml
+
+    params = yaml.safe_load(open(os.path.join(ROOT, "sweeps", f"{name}.yaml")))["hydra"]["sweeper"]["params"]
+    first = [f"{k}={str(v).split(',')[0]}" for k, v in params.items()]
+    first += [] if "actors" in params else ["actors=2"]
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--config-dir", os.path.join(ROOT, "sweeps"),
+                        "--config-name", name, *first, "total_env_steps=2048", "learner.batch_size=512",
+                        "learner.minibatches=4", "tracking.wandb.mode=disabled",
+                        f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.load(open(tmp_path / "summary.json"))["status"] == "completed"
 
 
 def test_sweep_files_compose():

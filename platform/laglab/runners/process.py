@@ -101,6 +101,8 @@ class _Slot:
 def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: Budget, run_dir) -> Dict[str, Any]:
     check_fits(cfg, spec)
     ctx = mp.get_context(cfg.runner.start_method)
+    if cfg.runner.start_method == "forkserver":  # the server imports the actor side once; each start is a fork
+        ctx.set_forkserver_preload(["laglab.runners.process_actor"])
     token = new_token()
     names = process_actor.Names(*(segment_name(token, w) for w in ("slots", "snapshot", "credits", "status",
                                                                        "budget")))
