@@ -152,3 +152,17 @@ def test_queue_lab_reads_a_stalled_run(tmp_path):
     assert r["stalls"] >= 3 and r["arrival_rate"] > 0 and r["service_rate"] > r["arrival_rate"] * 0.1
     assert r["measured_mean_depth"] > 0 and r["littles_law_depth"] > 0 and np.isfinite(r["ratio"])
     assert r["max_depth"] <= 16
+
+
+def test_a_sweep_through_the_submitit_launcher_runs_jobs_in_parallel_processes(tmp_path):
+    # Hydra's submitit launcher (local executor here; submitit_slurm on a cluster), with actor processes inside
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    _train("-m", "hydra/launcher=submitit_local", "env=tagged", "runner=process", "actors=2", "total_env_steps=2048",
+           "learner.batch_size=512", "seed=0,1", "tracking.wandb.mode=disabled", f"hydra.sweep.dir={tmp_path / 's'}")
+    runs = sorted(p.parent for p in (tmp_path / "s").rglob("summary.json"))
+    assert len(runs) == 2
+    for r in runs:
+        s = json.loads((r / "summary.json").read_text())
+        assert s["status"] == "completed" and s["runner"] == "process" and s["transport"]["balanced"]
+    assert (tmp_path / "s" / ".submitit").is_dir()  # the jobs went through submitit
+    assert _report(tmp_path / "s", "--out", tmp_path / "r").returncode == 0
