@@ -14,7 +14,6 @@ import pandas as pd
 import pytest
 
 from laglab.config import ConfigError
-from laglab.envs import EnvSpec
 from laglab.run import env_spec, run
 from laglab.shm import FragmentLayout, SeqBlock, SlotPool, leftover_segments, new_token, segment_name
 from laglab.tagged import TAGGED_ID

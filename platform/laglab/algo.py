@@ -6,7 +6,6 @@ handled by the caller by folding ``gamma * V(final_obs)`` into its reward and ma
 """
 from __future__ import annotations
 
-import math
 from typing import NamedTuple, Optional
 
 import torch

@@ -106,7 +106,7 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
     token = new_token()
     names = process_actor.Names(*(segment_name(token, w) for w in ("slots", "snapshot", "credits", "status",
                                                                        "budget")))
-    A, E, T = cfg.actors, cfg.actor.envs_per_actor, cfg.actor.rollout_len
+    A, T = cfg.actors, cfg.actor.rollout_len
     per = slots_per_actor(cfg)
     shapes = {k: tuple(v.shape) for k, v in learner.model.state_dict().items()}
     codec = SnapshotCodec(shapes, spec.obs_shape)

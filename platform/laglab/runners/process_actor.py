@@ -10,7 +10,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 from .. import wire
 from ..actor import Actor, steps_per_rollout, throttle_state
@@ -67,8 +67,6 @@ def main(cfg: Config, actor_id: int, inc: int, names: Names, shapes, obs_shape, 
             pass
     books: Optional[_Books] = None
     try:
-        from ..envs import EnvSpec  # noqa: F401 - (imports gymnasium; part of starting up)
-
         actor = Actor(cfg, actor_id, inc)
         layout = FragmentLayout(actor.spec, cfg.actor.rollout_len)
         pool = SlotPool(layout, cfg.actors, per_actor, names.slots, create_new=False)

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional
 from ..accounting import Budget, Ledger
 from ..actor import ActorStats, steps_per_rollout, throttle_state
 from ..admission import Admission
-from ..chaos import ActorKilled, ChaosCounts
+from ..chaos import ChaosCounts
 from ..config import Config
 from ..envs import EnvSpec
 from ..fragment import Fragment
