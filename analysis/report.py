@@ -38,17 +38,16 @@ class AnalysisError(ValueError):
 
 
 def varying_keys(runs: pd.DataFrame) -> List[str]:
-    """Config keys that vary across the runs (seed and tracking excluded); a key that only restates an earlier
-    one (algo=vtrace always with estimator=vtrace) is left out."""
+    """Config keys that vary across the runs (seed and tracking excluded); a key that the keys already kept
+    determine (algo=vtrace always comes with estimator=vtrace) is left out."""
     cols = [c for c in runs.columns if c.startswith("cfg.") and c not in IGNORED and not c.startswith(IGNORED_PREFIX)]
     out: List[str] = []
+    as_str = runs[cols].astype(str)
     for c in cols:
-        if runs[c].astype(str).nunique(dropna=False) <= 1:
+        if as_str[c].nunique(dropna=False) <= 1:
             continue
-        codes = runs[c].astype(str)
-        if any(runs.groupby(runs[o].astype(str))[c].nunique() .max() == 1 and
-               runs.groupby(codes)[o].nunique().max() == 1 for o in out):
-            continue  # one-to-one with a key already kept
+        if out and as_str.groupby(out)[c].nunique().max() == 1:
+            continue  # a function of the keys already kept
         out.append(c)
     return out
 
