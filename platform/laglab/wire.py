@@ -3,6 +3,10 @@ little-endian int64 fields, no pickles. Bulk data is in shared-memory slots (:mo
 message only says which slot holds which fragment. Every message also carries the sender's books at the
 moment it was sent — steps produced so far, in hand (collected, not yet handed to the link) and on its link
 (handed over, header not yet sent) — so the learner reads a consistent picture of each actor in pipe order.
+
+An actor sends what one rollout produced as one BUNDLE (its messages in order, each prefixed by its length):
+one pipe write and one wake-up of the learner's receiver per rollout instead of one per fragment, which keeps
+the receiver thread from taking the GIL from the learner's update thousands of times a second.
 """
 from __future__ import annotations
 
@@ -14,7 +18,8 @@ import numpy as np
 
 from .fragment import FragmentId
 
-PRODUCED, SENT, FRAG, ERROR, DONE, STARTED = 1, 2, 3, 4, 5, 6
+PRODUCED, SENT, FRAG, ERROR, DONE, STARTED, BUNDLE = 1, 2, 3, 4, 5, 6, 7
+_LEN = struct.Struct("<I")
 _HEAD = struct.Struct("<qqqqq")  # kind, incarnation, produced, in_hand, link
 _SENT = struct.Struct("<qqq")  # env_index, t_end, steps
 _FRAG = struct.Struct("<qqqqqqqqqqq")  # slot, actor, incarnation, env, episode, episode_t0, t_start, t_end, version,
@@ -64,6 +69,34 @@ def done(inc: int, books) -> bytes:
 
 def started(inc: int) -> bytes:
     return _head(STARTED, inc, (0, 0, 0))
+
+
+def bundle(messages: List[bytes]) -> bytes:
+    """Several messages as one (in order); a single message goes as itself."""
+    if len(messages) == 1:
+        return messages[0]
+    return _head(BUNDLE, 0, (0, 0, 0)) + b"".join(_LEN.pack(len(m)) + m for m in messages)
+
+
+def split(data: bytes) -> List[bytes]:
+    """The messages in what arrived: a bundle's parts in order, or the message itself. Raises ValueError on a
+    malformed bundle (a nested bundle included)."""
+    if len(data) < _HEAD.size or _HEAD.unpack_from(data, 0)[0] != BUNDLE:
+        return [data]
+    out, i = [], _HEAD.size
+    while i < len(data):
+        if i + _LEN.size > len(data):
+            raise ValueError("truncated bundle")
+        (n,) = _LEN.unpack_from(data, i)
+        i += _LEN.size
+        if i + n > len(data):
+            raise ValueError("truncated bundle")
+        part = data[i:i + n]
+        if len(part) >= _HEAD.size and _HEAD.unpack_from(part, 0)[0] == BUNDLE:
+            raise ValueError("nested bundle")
+        out.append(part)
+        i += n
+    return out
 
 
 def parse(data: bytes) -> Message:

@@ -78,8 +78,9 @@ def check_fits(cfg: Config, spec: EnvSpec) -> None:
 class _Child:
     """One life of an actor slot as the learner sees it."""
 
-    def __init__(self, actor_id: int, inc: int, proc, conn):
+    def __init__(self, actor_id: int, inc: int, proc, conn, bell):
         self.actor_id, self.inc, self.proc, self.conn = actor_id, inc, proc, conn
+        self.bell = bell  # a semaphore the learner releases when there is news (credit, stop): the child waits on it
         self.books = (0, 0, 0)  # last reported: produced, in_hand, link
         self.started = False
         self.done = False
@@ -175,6 +176,13 @@ class _Runner:
                 c[2 * s.actor_id] = s.child.inc
                 c[2 * s.actor_id + 1] = consumed.get(s.child.inc, 0)
         self.credits.publish(c, int(self.credits.version()) + 1)
+        self.ring()
+
+    def ring(self) -> None:
+        """Wake every live child waiting for news (after the news is published, so no wake-up is lost)."""
+        for s in self.slots:
+            if s.child is not None:
+                s.child.bell.release()
 
     # ---- readings ---------------------------------------------------------------------------------------------
     def link_steps(self) -> int:
@@ -201,9 +209,10 @@ class _Runner:
     def start(self, slot: _Slot) -> None:
         inc = self.ledger.new_incarnation(slot.actor_id)
         r, w = self.ctx.Pipe(duplex=False)
+        bell = self.ctx.Semaphore(0)
         proc = self.ctx.Process(target=process_actor.main, name=f"laglab-actor-{slot.actor_id}",
                                 args=(self.cfg, slot.actor_id, inc, self.names, self.shapes, self.spec.obs_shape,
-                                      self.per, w, self.counter.lock, os.getpid()), daemon=True)
+                                      self.per, w, self.counter.lock, bell, os.getpid()), daemon=True)
         saved = {v: os.environ.get(v) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
         try:
             os.environ.update({v: "1" for v in saved})  # one BLAS thread in the child
@@ -218,7 +227,7 @@ class _Runner:
                     os.environ.pop(v, None)
                 else:
                     os.environ[v] = old
-        child = _Child(slot.actor_id, inc, proc, r)
+        child = _Child(slot.actor_id, inc, proc, r, bell)
         with self.conn_lock:
             self.children.append(child)
             self.by_conn[r] = child
@@ -315,7 +324,13 @@ class _Runner:
                         conn.close()
                         self.finalize(child)
                         continue
-                    self.handle(child, data)
+                    try:
+                        parts = wire.split(data)
+                    except ValueError:
+                        self.malformed += 1
+                        continue
+                    for part in parts:
+                        self.handle(child, part)
         except BaseException as e:  # noqa: BLE001 - surfaces in the learner loop
             self.receiver_error = e
 
@@ -379,6 +394,7 @@ class _Runner:
         finally:
             self.stopping.set()
             self.counter.stop()
+            self.ring()
             with self.ledger.lock:
                 self.queue.close()
             deadline = time.monotonic() + 10

@@ -10,7 +10,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from .. import wire
 from ..actor import Actor, steps_per_rollout, throttle_state
@@ -58,7 +58,7 @@ class _Books:
 
 
 def main(cfg: Config, actor_id: int, inc: int, names: Names, shapes, obs_shape, per_actor: int, conn, lock,
-         parent_pid: int) -> None:
+         bell, parent_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the learner's to handle; it stops us
     if cfg.runner.actor_nice:
         try:
@@ -85,21 +85,23 @@ def main(cfg: Config, actor_id: int, inc: int, names: Names, shapes, obs_shape, 
             conn.send_bytes(wire.error(inc, (0, 0, 0), traceback.format_exc()))
         finally:
             os._exit(1)
-    _Loop(cfg, actor_id, inc, actor, pool, snap_block, credits, status, budget, codec, ch, books, conn,
+    _Loop(cfg, actor_id, inc, actor, pool, snap_block, credits, status, budget, codec, ch, books, conn, bell,
           parent_pid).run()
 
 
 class _Loop:
-    def __init__(self, cfg, actor_id, inc, actor, pool, snap_block, credits, status, budget, codec, ch, books, conn,
+    def __init__(self, cfg, actor_id, inc, actor, pool, snap_block, credits, status, budget, codec, ch, books, conn, bell,
                  parent_pid):
         self.cfg, self.actor_id, self.inc = cfg, actor_id, inc
         self.actor, self.pool, self.snap_block, self.credits = actor, pool, snap_block, credits
         self.status, self.budget, self.codec, self.ch, self.books = status, budget, codec, ch, books
-        self.conn, self.parent_pid = conn, parent_pid
+        self.conn, self.bell, self.parent_pid = conn, bell, parent_pid
         self.version = -1
         self.snapshot_s = 0.0
         self.poll = min(0.002, cfg.runner.poll_s)
+        self.idle_s = max(self.poll, cfg.runner.poll_s)  # longest wait for the bell (beats and checks in between)
         self.reserved = 0
+        self.out: List[bytes] = []  # messages not yet sent (see flush)
         actor.heartbeat = self.beat
 
     # ---- liveness -------------------------------------------------------------------------------------------
@@ -129,6 +131,13 @@ class _Loop:
             row[f"corrupted_steps_{k}"] = c.corrupted_steps.get(k, 0)
         self.status.set(self.actor_id, **row)
 
+    def wait_for_news(self) -> None:
+        """Block until the learner rings (new credit, or stop) or ``idle_s`` passes; then clear the rings that
+        piled up, so each wait re-reads the state once. No sleep-polling: a throttled actor costs no CPU."""
+        if self.bell.acquire(timeout=self.idle_s):
+            while self.bell.acquire(False):
+                pass
+
     # ---- snapshots and credit -----------------------------------------------------------------------------
     def refresh(self) -> None:
         if self.snap_block.version() > self.version:
@@ -145,7 +154,14 @@ class _Loop:
 
     # ---- sending --------------------------------------------------------------------------------------------
     def send(self, data: bytes) -> None:
-        self.conn.send_bytes(data)
+        """Queue a message; :meth:`flush` sends what is queued as one bundle."""
+        self.out.append(data)
+
+    def flush(self) -> None:
+        """Send the queued messages (before every wait, at the end of each rollout, before a scripted fault)."""
+        if self.out:
+            data, self.out = wire.bundle(self.out), []
+            self.conn.send_bytes(data)
 
     def drain(self) -> None:
         """Write what leaves the link into free slots of this actor and send their headers."""
@@ -154,6 +170,7 @@ class _Loop:
             f = ch.outbox[0]
             slot = self.pool.free_slot(self.actor_id)
             if slot is None:  # every slot of ours is still being read: wait (the learner is behind)
+                self.flush()
                 t0 = time.perf_counter()
                 while slot is None:
                     if self.stopping():
@@ -187,10 +204,11 @@ class _Loop:
                 if pause and self.budget.has_room(per_rollout):
                     ch.flush()
                     self.drain()
+                    self.flush()
                     t0 = time.perf_counter()
                     while pause and self.budget.has_room(per_rollout) and not self.stopping():
                         self.beat()
-                        time.sleep(self.poll)
+                        self.wait_for_news()
                         pause, _ = throttle_state(books.produced, self.credit(), self.inc, max_lead)
                     actor.stats.throttle_s += time.perf_counter() - t0
                     continue
@@ -216,6 +234,7 @@ class _Loop:
                     ch.hang_at = None
                     self.publish_stats()
                     self.status.set(self.actor_id, lost_held_steps=books.link())  # dies with the process
+                    self.flush()
                     while not self.stopping():  # no heartbeat: the supervisor will kill this process
                         time.sleep(0.05)
                     raise SystemExit(0)
@@ -228,18 +247,22 @@ class _Loop:
                         ch.counts.kills += 1
                         self.publish_stats()
                         self.status.set(self.actor_id, lost_held_steps=books.link())  # dies with the process
+                        self.flush()
                         os.kill(os.getpid(), signal.SIGKILL)
                     self.send_fragment(f)
+                self.flush()
             ch.flush()
             self.drain()
             self.publish_stats()
             self.send(wire.done(self.inc, books.tuple()))
+            self.flush()
         except (SystemExit, BrokenPipeError, EOFError, ConnectionError):
             pass  # stopping, or the learner is gone
         except BaseException:  # noqa: BLE001 - report, then exit with an error
             try:
                 self.publish_stats()
                 self.send(wire.error(self.inc, books.tuple(), traceback.format_exc()))
+                self.flush()
             except Exception:  # noqa: BLE001
                 pass
             os._exit(1)
