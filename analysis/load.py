@@ -1,6 +1,7 @@
 """Load: any mix of run dirs and multirun (sweep) dirs becomes one tidy pandas table, one row per run: the
 resolved config flattened to dotted keys (from ``.hydra/config.yaml``), the command-line overrides, the
-summary (status, env steps, SPS, returns, the transport books) and the provenance the run recorded."""
+summary (status, env steps, SPS, returns, the transport books), the provenance the run recorded, and the
+evaluation score (``eval.*``, from evaluate.py's ``eval.json``) where there is one."""
 from __future__ import annotations
 
 import json
@@ -61,6 +62,11 @@ def load_run(run_dir: Path) -> Dict[str, object]:
         row[f"{bucket}_frac"] = sum((t.get(bucket) or {}).values()) / produced
     for k, v in flatten(s.get("provenance") or {}).items():
         row[f"provenance.{k}"] = v
+    ev = run_dir / "eval.json"  # evaluate.py's score of the run's checkpoint, when it was evaluated
+    if ev.exists():
+        e = json.loads(ev.read_text())
+        for k in ("return_mean", "return_std", "episodes", "mode"):
+            row[f"eval.{k}"] = e.get(k)
     return row
 
 

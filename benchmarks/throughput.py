@@ -1,9 +1,10 @@
 """Throughput of the runners side by side, in one invocation on one machine: env steps per second of sync,
 thread and process with 2 and 4 actors on CartPole (the default run) and HalfCheetah (a short budget), the
 process runner's overhead against the ideal on the latency env, heterogeneous env latencies against sync,
-and where each actor's time goes (env, inference, throttle, blocked, snapshot copies).
+where each actor's time goes (env, inference, throttle, blocked, snapshot copies), and runner=ray next to
+runner=process with the Ray path's own cost per fragment.
 
-    python benchmarks/throughput.py [--repeats 1] [--only cartpole,halfcheetah,latency,hetero] [--out DIR]
+    python benchmarks/throughput.py [--repeats 1] [--only cartpole,halfcheetah,latency,hetero,ray] [--out DIR]
 
 Each run is its own process (`python train.py ...`), W&B off; SPS is summary.json's `sps` (env steps over
 the run's wall time, start-up included). Prints markdown tables with ratios against the best in-process
@@ -64,7 +65,7 @@ def median_run(out: Path, name: str, overrides: List[str], repeats: int) -> Dict
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--only", default="cartpole,halfcheetah,latency,hetero")
+    ap.add_argument("--only", default="cartpole,halfcheetah,latency,hetero,ray")
     ap.add_argument("--halfcheetah-steps", type=int, default=100_000)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -110,6 +111,62 @@ def main() -> None:
         table(rows, rows[0]["sps"])
         print(f"\nprocess / sync: **{rows[2]['sps'] / rows[0]['sps']:.2f}x**; process / ideal: "
               f"{rows[2]['sps'] / ideal:.2f}\n")
+    if "ray" in only:
+        rows = [median_run(out, f"cartpole {runner} a{actors}", [f"runner={runner}", f"actors={actors}"], args.repeats)
+                for actors in (2, 4) for runner in ("process", "ray")]
+        print("### runner=ray next to runner=process, CartPole default (a local Ray instance, started by the run)\n")
+        table(rows, max(r["sps"] for r in rows if " process " in r["name"]))
+        print("\n(ratios against the best process run)\n")
+        ray_path_overhead()
+
+
+def ray_path_overhead(calls: int = 200) -> None:
+    """The Ray path alone: a Ray actor answers ``rollout``-shaped calls with one real CartPole rollout's report
+    (8 fragments of 32 steps), no env stepping, so the time per call is Ray's: the call, serializing the
+    arrays into the reply, and the learner-side rebuilding of the fragments."""
+    import time
+
+    import numpy as np
+    import ray
+    from omegaconf import OmegaConf
+
+    sys.path.insert(0, str(ROOT / "platform"))
+    from laglab.actor import Actor
+    from laglab.config import Config, validate
+    from laglab.learner import Learner
+    from laglab.run import env_spec
+    from laglab.runners.ray_actor import from_wire, to_wire
+
+    cfg = validate(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create({"actors": 1})))
+    actor = Actor(cfg, 0, 1)
+    actor.load(Learner(cfg, env_spec(cfg)).snapshot())
+    frags = actor.collect().fragments
+    report = {"fragments": [to_wire(f) for f in frags], "sent": np.zeros((len(frags), 2), np.int64)}
+    nbytes = sum(f.nbytes for f in frags)
+
+    @ray.remote
+    class Echo:
+        def __init__(self, rep):
+            self.rep = rep
+
+        def rollout(self):
+            return self.rep
+
+    ray.init(include_dashboard=False, log_to_driver=False, logging_level="warning")
+    try:
+        e = Echo.remote(report)
+        ray.get(e.rollout.remote())
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            res = ray.get(e.rollout.remote())
+            [from_wire(x) for x in res["fragments"]]
+        dt = (time.perf_counter() - t0) / calls
+    finally:
+        ray.shutdown()
+    print("### the Ray path alone (one CartPole rollout report per call, 8 fragments of 32 steps)\n")
+    print("| per call | per fragment | bytes per fragment (arrays, copied once into the reply) |")
+    print("| --- | --- | --- |")
+    print(f"| {dt * 1e6:,.0f} us | {dt * 1e6 / len(frags):,.0f} us | {nbytes / len(frags):,.0f} |\n")
 
 
 if __name__ == "__main__":

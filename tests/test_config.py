@@ -39,7 +39,7 @@ def test_every_preset_composes_and_validates(algo, env, runner):
 def test_defaults_are_the_documented_run():
     c = validate(_compose())
     assert (c.actors, c.seed, c.total_env_steps, c.env.id) == (4, 0, 200_000, "CartPole-v1")
-    assert c.algo.name == "ppo" and c.runner.name.value == "thread"
+    assert c.algo.name == "ppo" and c.runner.name.value == "process"  # the fastest runner
 
 
 def test_env_preset_sets_its_own_budget_but_command_line_wins():

@@ -7,6 +7,8 @@ Hydra composes the config; :func:`validate` rejects combinations, before any thr
 """
 from __future__ import annotations
 
+import importlib.util
+
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -30,6 +32,7 @@ class RunnerKind(str, Enum):
     thread = "thread"
     sync = "sync"
     process = "process"
+    ray = "ray"
 
 
 class Duplicates(str, Enum):
@@ -118,7 +121,7 @@ class LearnerConfig:
 
 @dataclass
 class RunnerConfig:
-    name: RunnerKind = RunnerKind.thread
+    name: RunnerKind = RunnerKind.thread  # for the library API (run(cfg)); train.py defaults to process (conf)
     torch_threads: int = 1
     poll_s: float = 0.05  # how often a waiting thread re-checks for shutdown and failures
     actor_timeout_s: float = 120.0  # learner gives up when no data arrives for this long
@@ -132,6 +135,10 @@ class RunnerConfig:
     slots_per_actor: int = 0  # process runner: shared-memory fragment slots per actor (0 = auto)
     start_timeout_s: float = 120.0  # process runner: an actor process that has not started by then fails the run
     actor_nice: int = 19  # process runner: niceness added to actor processes (0 = same priority as the learner)
+    address: Optional[str] = None  # ray runner: null = a local Ray instance; "auto" or "ray://host:10001" = a cluster
+    cpus_per_actor: float = 1.0  # ray runner: CPUs Ray reserves for each actor
+    resource: Optional[str] = None  # ray runner: a custom resource every actor needs (placement on labelled nodes)
+    max_inflight: int = 2  # ray runner: rollout calls outstanding per actor (bounds the object store too)
 
 
 @dataclass
@@ -398,6 +405,10 @@ def validate(cfg: Any) -> Config:
     _require(c.runner.heartbeat_timeout_s > 0, "runner.heartbeat_timeout_s", "a number > 0",
              c.runner.heartbeat_timeout_s)
     _require(lr.checkpoint_every >= 0, "learner.checkpoint_every", "an integer >= 0 (0 = never)", lr.checkpoint_every)
+    _require(c.runner.max_inflight >= 1, "runner.max_inflight", "an integer >= 1", c.runner.max_inflight)
+    _require(c.runner.cpus_per_actor >= 0, "runner.cpus_per_actor", "a number >= 0", c.runner.cpus_per_actor)
+    if c.runner.name == RunnerKind.ray and importlib.util.find_spec("ray") is None:
+        raise ConfigError("invalid config: runner=ray needs Ray, which is not installed: pip install -e '.[ray]'")
     _require(c.runner.torch_threads >= 1, "runner.torch_threads", "an integer >= 1", c.runner.torch_threads)
     _require(c.tracking.hist_every >= 0, "tracking.hist_every", "an integer >= 0 (0 = never)", c.tracking.hist_every)
     _require(c.tracking.return_window >= 1, "tracking.return_window", "an integer >= 1", c.tracking.return_window)

@@ -51,10 +51,12 @@ if LATENCY_ID not in gym.registry:
     gym.register(LATENCY_ID, entry_point=LatencyEnv)
 
 
-def make_env(cfg: EnvConfig, actor_id: Optional[int] = None) -> gym.Env:
+def make_env(cfg: EnvConfig, actor_id: Optional[int] = None, render_mode: Optional[str] = None) -> gym.Env:
     """Build one environment; unknown ids and missing extras become a :class:`ConfigError`. For the latency
     env, actor ``i`` gets ``env.latency_ms[i % len]`` (heterogeneous simulators)."""
     kwargs: Dict[str, Any] = dict(cfg.kwargs or {})
+    if render_mode is not None:
+        kwargs["render_mode"] = render_mode
     if cfg.id == LATENCY_ID and cfg.latency_ms:
         kwargs.setdefault("latency_ms", float(cfg.latency_ms[(actor_id or 0) % len(cfg.latency_ms)]))
     if cfg.max_episode_steps is not None:

@@ -104,6 +104,14 @@ class InferencePolicy:
         return a, logp.astype(np.float32), value, out, log_std
 
 
+    def mode(self, obs: np.ndarray) -> np.ndarray:
+        """The deterministic action (the most probable one: argmax of the logits, or the Gaussian's mean)."""
+        out = self._mlp(self.pi, obs.reshape(obs.shape[0], -1))
+        if self.spec.discrete:
+            return out.argmax(axis=1).astype(np.int64)
+        return out.astype(np.float32)
+
+
 class SnapshotCodec:
     """A snapshot as one flat float32 vector (weights in a fixed key order, then the observation statistics
     and the reward variance), for the shared-memory snapshot buffer of the process runner."""

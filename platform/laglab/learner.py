@@ -366,19 +366,20 @@ class Learner:
         return int(state.get("env_steps", 0))
 
 
-def read_checkpoint(path: Path, cfg: Config, spec: EnvSpec) -> Dict[str, Any]:
-    """Load a checkpoint (``weights_only``: no arbitrary objects) and check that it fits this run."""
+def read_checkpoint(path: Path, cfg: Config, spec: EnvSpec, purpose: str = "resume") -> Dict[str, Any]:
+    """Load a checkpoint (``weights_only``: no arbitrary objects) and check that it fits this run (``purpose``
+    names what the checkpoint is for in the error: ``resume`` or ``evaluate``)."""
     try:
         state = torch.load(path, weights_only=True)
     except Exception as e:  # noqa: BLE001 - a truncated or foreign file
-        raise ConfigError(f"invalid config: resume: {path} is not a readable laglab checkpoint ({e})") from e
+        raise ConfigError(f"invalid config: {purpose}: {path} is not a readable laglab checkpoint ({e})") from e
     if "fingerprint" not in state or "next_incarnation" not in state:
-        raise ConfigError(f"invalid config: resume: {path} was written by an older laglab (no config fingerprint); "
-                          "it cannot be checked against this run")
+        raise ConfigError(f"invalid config: {purpose}: {path} was written by an older laglab (no config "
+                          "fingerprint); it cannot be checked against this run")
     saved, now = json.loads(state["fingerprint"]), fingerprint(cfg, spec)
     diff = [f"{k}: checkpoint {saved.get(k)!r}, this run {v!r}" for k, v in now.items() if saved.get(k) != v]
     if diff:
-        raise ConfigError(f"invalid config: resume={path} does not fit this run ({'; '.join(diff)})")
+        raise ConfigError(f"invalid config: {purpose}={path} does not fit this run ({'; '.join(diff)})")
     return state
 
 

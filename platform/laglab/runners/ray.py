@@ -1,0 +1,409 @@
+"""Ray actors anywhere in a cluster, the learner in the driver.
+
+How actors start: one Ray actor per slot (``runner.cpus_per_actor`` CPUs, optionally a custom resource
+``runner.resource`` for placement; laglab restarts slots itself, so a restarted slot is always a new
+incarnation). How bytes move: the learner drives each actor with ``rollout`` calls, at most
+``runner.max_inflight`` outstanding per actor and only while the actor's lead (``actor.max_lead_steps``,
+counting the calls in flight) allows; each call carries the newest snapshot's version and its object-store
+reference (published once per version), and returns the rollout's fragments as plain numpy arrays with an
+int64 header. A receiver thread takes the results as they finish, and the arrivals enter the same bounded
+queue, admission, books and driver as every runner's.
+
+Faults: an actor that dies (``ray.kill``, a scripted kill, a lost node) fails its outstanding calls; a call
+with no answer for ``runner.heartbeat_timeout_s`` marks the actor hung, and it is killed. Either way what it
+had in hand is booked (``actor_crash`` / ``abandoned``), what its link held is found lost in transit by the
+watermarks, the budget its unanswered calls reserved is given back (those steps were never produced as far
+as any book can know), and the slot restarts with a new incarnation within the restart intensity.
+
+Trust: a Ray cluster is one trust domain (Ray itself runs whatever code its members send). laglab sends
+only arrays and integers, and admission still validates every field of every fragment that comes back.
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..accounting import Budget, Ledger
+from ..actor import ActorStats, Episode, steps_per_rollout, throttle_state
+from ..admission import Admission
+from ..chaos import ChaosCounts
+from ..config import Config
+from ..envs import EnvSpec
+from ..fragment import FragmentId
+from ..inference import SnapshotCodec
+from ..learner import Learner
+from ..policy import Snapshot
+from ..tracking import Tracker
+from ..transport import FragmentQueue
+from .driver import LearnerDriver, serve
+from .endpoint import arrive_at_queue
+from .ray_actor import HEADER, RolloutWorker, from_wire
+from .supervisor import ActorFailed, RestartIntensity
+
+__all__ = ["run", "ActorFailed"]
+
+
+class _Held:
+    """A fragment's identity on a worker's link (for the books: the data stays with the worker)."""
+
+    __slots__ = ("id", "length")
+
+    def __init__(self, row):
+        self.id = FragmentId(**{k: int(v) for k, v in zip(HEADER, row)})
+        self.length = self.id.length
+
+
+class _Worker:
+    """One life of an actor slot as the learner sees it."""
+
+    def __init__(self, actor_id: int, inc: int, handle):
+        self.actor_id, self.inc, self.handle = actor_id, inc, handle
+        self.produced = 0  # as last reported
+        self.in_hand = 0
+        self.link: List[Any] = []  # identities of what its link holds, and arrivals not yet taken
+        self.inflight: Dict[Any, Tuple[str, int]] = {}  # call ref -> (ready | rollout | flush, steps reserved)
+        self.progress_at = time.monotonic()  # last answer, or when it last began to owe one
+        self.started = False  # answered ready()
+        self.finishing = False  # the budget is spent: flush() was called
+        self.done = False  # finished normally
+        self.finalized = False  # gone; its books are closed
+        self.abandoned = False
+        self.killed = False  # reported a scripted kill (the learner then kills it)
+        self.init_failed = False
+        self.error: Optional[str] = None
+        self.node: Optional[str] = None  # the Ray node it runs on
+        self.chaos = ChaosCounts()
+
+
+class _Slot:
+    def __init__(self, actor_id: int):
+        self.actor_id = actor_id
+        self.worker: Optional[_Worker] = None
+        self.start_at = 0.0
+        self.finished = False
+        self.stats = ActorStats()
+
+
+def _counts(d: Dict[str, Any]) -> ChaosCounts:
+    c = ChaosCounts(**{k: v for k, v in d.items() if k not in ("corrupted", "corrupted_steps")})
+    c.corrupted.update(d["corrupted"])
+    c.corrupted_steps.update(d["corrupted_steps"])
+    return c
+
+
+def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: Budget, run_dir) -> Dict[str, Any]:
+    import ray
+
+    own = not ray.is_initialized()
+    if own:  # a local Ray instance, or the cluster at runner.address ("auto", "ray://host:10001", ...)
+        kw: Dict[str, Any] = {}
+        if cfg.runner.address is None:  # local: room for every actor (processes share the cores, as with runner=process)
+            kw["num_cpus"] = max(os.cpu_count() or 1, math.ceil(cfg.actors * cfg.runner.cpus_per_actor))
+        ray.init(address=cfg.runner.address, include_dashboard=False, log_to_driver=False,
+                 logging_level="warning", **kw)
+    try:
+        return _Runner(cfg, learner, tracker, spec, budget, run_dir).run()
+    finally:
+        if own:
+            ray.shutdown()
+
+
+class _Runner:
+    def __init__(self, cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: Budget, run_dir):
+        import ray
+
+        self.ray = ray
+        self.cfg, self.learner, self.tracker, self.spec, self.budget = cfg, learner, tracker, spec, budget
+        self.poll = cfg.runner.poll_s
+        T = cfg.actor.rollout_len
+        self.per_rollout = steps_per_rollout(cfg)
+        self.shapes = {k: tuple(v.shape) for k, v in learner.model.state_dict().items()}
+        self.codec = SnapshotCodec(self.shapes, spec.obs_shape)
+        self.ledger = Ledger(T, cfg.actor.envs_per_actor, cfg.transport.dedup_window, learner.allocate_incarnation)
+        self.admission = Admission(spec, cfg.actors, cfg.actor.envs_per_actor, cfg.transport.duplicates, T)
+        self.queue = FragmentQueue(cfg.transport.capacity, cfg.transport.max_bytes, cfg.transport.policy,
+                                   on_discard=lambda f, first, bucket, reason:
+                                   self.ledger.book(bucket, reason, f.length) if first is True else None)
+        self.intensity = RestartIntensity(cfg.runner.actors_max_restarts, cfg.runner.restart_window_s)
+        self.slots = [_Slot(i) for i in range(cfg.actors)]
+        self.workers: List[_Worker] = []
+        self.lock = threading.RLock()  # the workers' call bookkeeping (learner and receiver threads)
+        self.chaos = ChaosCounts()
+        self.malformed = 0
+        self.calls = 0
+        self.bytes_in = 0
+        self.hangs_detected = 0
+        self.stopping = threading.Event()
+        self.receiver_error: Optional[BaseException] = None
+        self.granted: Dict[int, int] = dict(learner.consumed)
+        self.snapshot: Optional[Tuple[int, list]] = None  # (version, [object ref])
+        opts: Dict[str, Any] = {"num_cpus": cfg.runner.cpus_per_actor, "max_restarts": 0, "max_task_retries": 0,
+                                "scheduling_strategy": "SPREAD"}  # a rollout fleet spreads over the nodes
+        if cfg.runner.resource:
+            opts["resources"] = {cfg.runner.resource: 0.001}
+        self.remote_cls = ray.remote(RolloutWorker).options(**opts)
+        self.driver = LearnerDriver(cfg, learner, tracker, budget, self.admission, self.ledger,
+                                    publish=self.publish, link_steps=self.link_steps,
+                                    queue_steps=self.queue.first_steps, gauges=self.gauges,
+                                    actors=self.actor_stats, checkpoint_dir=run_dir / "checkpoints")
+
+    # ---- learner -> actors ------------------------------------------------------------------------------------
+    def publish(self, snap: Snapshot) -> None:
+        self.snapshot = (snap.version, [self.ray.put(self.codec.encode(snap))])  # once per version
+        self.grant(snap.consumed)
+
+    def grant(self, consumed) -> None:
+        self.granted = dict(consumed)
+        self.issue()
+
+    def issue(self) -> None:
+        """Start rollouts where the lead throttle, ``max_inflight`` and the budget allow."""
+        with self.lock:
+            if self.stopping.is_set() or self.snapshot is None:
+                return
+            version, box = self.snapshot
+            for s in self.slots:
+                w = s.worker
+                if w is None or w.finalized or w.finishing:
+                    continue
+                while sum(kind == "rollout" for kind, _ in w.inflight.values()) < self.cfg.runner.max_inflight:
+                    owed = sum(n for _, n in w.inflight.values())
+                    pause, _ = throttle_state(w.produced + owed, self.granted, w.inc, self.cfg.actor.max_lead_steps)
+                    if pause or not self.budget.reserve(self.per_rollout):
+                        break
+                    if not w.inflight:
+                        w.progress_at = time.monotonic()
+                    w.inflight[w.handle.rollout.remote(version, box)] = ("rollout", self.per_rollout)
+                    self.calls += 1
+
+    # ---- readings ---------------------------------------------------------------------------------------------
+    def link_steps(self) -> int:
+        return self.ledger.link_steps(f for w in self.workers if not w.finalized for f in w.link)
+
+    def gauges(self) -> Dict[str, float]:
+        with self.lock:
+            inflight = sum(len(w.inflight) for w in self.workers if not w.finalized)
+        return {"transport/queue_depth": float(self.queue.depth), "transport/queue_bytes": float(self.queue.bytes),
+                "transport/calls_in_flight": float(inflight)}
+
+    def actor_stats(self) -> Dict[int, ActorStats]:
+        return {s.actor_id: s.stats for s in self.slots}
+
+    # ---- workers ------------------------------------------------------------------------------------------------
+    def start(self, slot: _Slot) -> None:
+        inc = self.ledger.new_incarnation(slot.actor_id)
+        handle = self.remote_cls.remote(self.cfg, slot.actor_id, inc, self.shapes, self.spec.obs_shape)
+        w = _Worker(slot.actor_id, inc, handle)
+        w.inflight[handle.ready.remote()] = ("ready", 0)  # its answer (or failure) says whether it started
+        with self.lock:
+            self.workers.append(w)
+            slot.worker = w
+        self.issue()
+
+    def take(self, w: _Worker, res: Dict[str, Any]) -> None:
+        """One report, in order: produced, sent into the link, what left the link (each an arrival)."""
+        led = self.ledger
+        try:
+            frags = [from_wire(x) for x in res["fragments"]]
+            sent = [(int(e), int(t)) for e, t in res["sent"]]
+            held = [_Held(r) for r in res["held"]]
+            produced, in_hand = int(res["produced"]), int(res["in_hand"])
+            episodes = [Episode(w.actor_id, int(e), float(r), int(n)) for e, r, n in res["episodes"]]
+            stats, chaos = ActorStats(**res["stats"]), _counts(res["chaos"])
+        except (KeyError, TypeError, ValueError):
+            self.malformed += 1
+            return
+        with led.lock:
+            led.produced += produced - w.produced
+            led.in_hand += in_hand - w.in_hand
+            w.produced, w.in_hand = produced, in_hand
+            for env_index, t_end in sent:
+                led.mark_sent(w.inc, env_index, t_end)
+            w.link = held + frags  # on the link until each arrives
+        self.tracker.add_episodes(episodes, self.budget.used)
+        for f in frags:
+            self.bytes_in += f.nbytes
+            arrive_at_queue(led, self.queue, f, lambda: w.abandoned,
+                            lambda f=f: w.link.remove(f), lambda _: None, self.poll)
+        w.chaos = chaos
+        w.killed = bool(res.get("killed"))
+        self.slots[w.actor_id].stats = stats
+
+    def finalize(self, w: _Worker, reason: str) -> None:
+        """The worker is gone (or let go): book what it had in hand for ``reason``; what its link held is lost
+        (the watermarks find it); give back the budget of its unanswered calls; merge its chaos counts."""
+        with self.lock:
+            if w.finalized:
+                return
+            owed = sum(n for _, n in w.inflight.values())
+            w.inflight.clear()
+            if owed:
+                self.budget.release(owed)  # reserved for rollouts whose report never reached us
+            with self.ledger.lock:
+                self.ledger.unsent(w.in_hand, reason)
+                w.in_hand = 0
+                w.link = []
+                w.finalized = True
+            self.chaos.merge(w.chaos)
+        try:
+            self.ray.kill(w.handle, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+    def answer(self, w: _Worker, ref, kind: str, steps: int) -> None:
+        """A call of ``w`` finished: take its result, or book the worker's death."""
+        try:
+            res = self.ray.get(ref)
+        except Exception as e:  # noqa: BLE001 - the actor died (killed, crashed, its node lost)
+            if steps:
+                self.budget.release(steps)
+            w.error = w.error or f"{type(e).__name__}: {str(e)[:4000]}"
+            w.init_failed = bool(getattr(e, "actor_init_failed", False))  # its constructor raised (bad config)
+            self.finalize(w, "actor_crash")
+            return
+        w.progress_at = time.monotonic()
+        if kind == "ready":
+            w.started = True
+            w.node = str(res)
+            return
+        self.take(w, res)
+        if kind == "flush":
+            w.done = True
+            self.finalize(w, "shutdown")
+        elif w.killed:
+            w.error = f"chaos: actor {w.actor_id} (incarnation {w.inc}) killed"
+            self.finalize(w, "actor_crash")
+
+    def receive(self) -> None:
+        """The receiver thread: each finished call, in completion order."""
+        try:
+            while not self.stopping.is_set():
+                with self.lock:
+                    refs = {r: w for w in self.workers if not w.finalized for r in w.inflight}
+                if not refs:
+                    time.sleep(self.poll / 5)
+                    self.issue()
+                    continue
+                ready, _ = self.ray.wait(list(refs), num_returns=1, timeout=self.poll)
+                for ref in ready:
+                    w = refs[ref]
+                    # an actor runs its calls one after another, so the calls issued before this one have
+                    # finished too: answer them first (each report is cumulative and must be taken in order)
+                    with self.lock:
+                        if ref not in w.inflight:
+                            continue  # answered already, or a void call of a worker given up on
+                        order = list(w.inflight)
+                        due = [(r, *w.inflight.pop(r)) for r in order[:order.index(ref) + 1]]
+                    for r, kind, steps in due:
+                        if w.finalized:  # it died answering an earlier call: these reports are void
+                            if steps:
+                                self.budget.release(steps)
+                            continue
+                        self.answer(w, r, kind, steps)
+                self.issue()
+        except BaseException as e:  # noqa: BLE001 - surfaces in the learner loop
+            self.receiver_error = e
+
+    def supervise(self) -> bool:
+        if self.receiver_error is not None:
+            raise RuntimeError("the Ray runner's receiver failed") from self.receiver_error
+        now = time.monotonic()
+        live = False
+        rc = self.cfg.runner
+        for slot in self.slots:
+            if slot.finished:
+                continue
+            live = True
+            w = slot.worker
+            if w is None:
+                if now >= slot.start_at:
+                    self.start(slot)
+                continue
+            if w.finalized:
+                if w.done:
+                    slot.finished = True
+                    continue
+                if w.init_failed:  # (not a node that died under it: that is a crash like any other)
+                    raise ActorFailed(f"actor {slot.actor_id} could not start on Ray:\n{w.error or 'no error text'}")
+                self.intensity.record(slot.actor_id, w.error or "died")
+                slot.worker = None
+                slot.start_at = now + rc.restart_backoff_s
+                continue
+            with self.lock:
+                owes = bool(w.inflight)
+                if not owes and not w.finishing and w.started and not self.budget.has_room(self.per_rollout):
+                    w.finishing = True  # the budget is spent: deliver what its link still holds, then let it go
+                    w.inflight[w.handle.flush.remote()] = ("flush", 0)
+                    w.progress_at = now
+                    continue
+            if not w.started:
+                if now - w.progress_at > rc.start_timeout_s:
+                    raise ActorFailed(f"actor {slot.actor_id} did not start within {rc.start_timeout_s}s "
+                                      "(runner.start_timeout_s)")
+                continue
+            if owes and now - w.progress_at > rc.heartbeat_timeout_s:
+                w.error = f"no answer for {rc.heartbeat_timeout_s}s (runner.heartbeat_timeout_s)"
+                w.abandoned = True
+                self.hangs_detected += 1
+                self.finalize(w, "abandoned")
+        return live
+
+    def drain(self) -> None:
+        """The run is over (or interrupted): take what is still owed, with the queue closed (so it is booked as
+        dropped at shutdown), and let every worker go."""
+        for w in self.workers:
+            if w.finalized:
+                continue
+            with self.lock:
+                calls = list(w.inflight.items())
+            try:
+                calls.append((w.handle.flush.remote(), ("flush", 0)))
+            except Exception:  # noqa: BLE001
+                pass
+            for ref, (kind, steps) in calls:
+                with self.lock:
+                    w.inflight.pop(ref, None)
+                try:
+                    res = self.ray.get(ref, timeout=10)
+                except Exception:  # noqa: BLE001 - gone or stuck: the books say what was lost
+                    if steps:
+                        self.budget.release(steps)
+                    continue
+                if kind != "ready":
+                    self.take(w, res)
+                    if res.get("killed"):
+                        break
+            self.finalize(w, "actor_crash" if w.killed else "shutdown")
+
+    def run(self) -> Dict[str, Any]:
+        self.publish(self.learner.snapshot())
+        for slot in self.slots:
+            self.start(slot)
+        receiver = threading.Thread(target=self.receive, name="laglab-ray-receiver", daemon=True)
+        receiver.start()
+        try:
+            serve(self.queue, self.driver, self.supervise, self.grant, self.cfg)
+        except BaseException as e:
+            e.laglab_books = lambda: self.driver.summary(self.driver.close(), self.intensity.total,
+                                                         self.chaos.as_dict())
+            raise
+        finally:
+            self.stopping.set()
+            receiver.join(timeout=30)
+            with self.ledger.lock:
+                self.queue.close()
+            self.drain()
+        bal = self.driver.close()
+        chaos = self.chaos.as_dict()
+        chaos["hangs_detected"] = self.hangs_detected
+        queue_info = {"max_depth": self.queue.stats.max_depth, "max_bytes": self.queue.stats.max_bytes,
+                      "blocked_s": self.queue.stats.blocked_s, "capacity": self.queue.capacity,
+                      "max_bytes_bound": self.queue.max_bytes, "malformed_results": self.malformed,
+                      "calls": self.calls, "bytes_received": self.bytes_in,
+                      "ray_nodes": sorted({w.node for w in self.workers if w.node})}
+        out = self.driver.summary(bal, self.intensity.total, chaos, {"queue": queue_info})
+        out.update({"actor_stats": self.actor_stats(), "env_steps": self.budget.used})
+        return out

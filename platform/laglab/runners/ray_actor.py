@@ -1,0 +1,149 @@
+"""The actor side of the Ray runner: one Ray actor per slot, anywhere in the cluster (numpy only: no torch).
+
+The learner drives it: each ``rollout`` call carries the snapshot to act with (its version and a reference
+into the object store, fetched only when the version changes) and returns one rollout's report — what the
+worker's books say, the fragments that left its link (each a plain int64 header plus plain numpy arrays,
+which Ray moves without copying them through pickle), the (env, t_end) marks of what it sent into the link,
+its finished episodes, its stats and chaos counts. The learner keeps at most ``runner.max_inflight`` calls
+outstanding per actor, so the object store holds a bounded number of rollouts.
+
+Scripted faults: a kill returns what was sent before the crash point with ``killed`` set, and the learner
+then kills the Ray actor (``ray.kill``: its process dies with what it held); a hang reports itself with one
+rollout, and the next call never answers.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..actor import Actor
+from ..chaos import ChaosChannel
+from ..config import Config
+from ..fragment import Fragment, FragmentId
+from ..inference import SnapshotCodec
+
+ARRAYS = ("obs", "actions", "rewards", "terminated", "truncated", "logp", "values", "trunc_obs", "disc_return",
+          "last_obs", "mean", "log_std")
+HEADER = ("actor_id", "incarnation", "env_index", "episode_id", "episode_t0", "t_start", "t_end",
+          "behavior_version", "schema_version")
+
+
+def to_wire(f: Fragment) -> Tuple[np.ndarray, Tuple[Optional[np.ndarray], ...]]:
+    """A fragment as (int64 header, arrays): nothing but numpy arrays and None."""
+    header = np.array([getattr(f.id, k) for k in HEADER], np.int64)
+    return header, tuple(getattr(f, k) for k in ARRAYS)
+
+
+def from_wire(item: Any) -> Fragment:
+    """The fragment a worker sent; ValueError for anything that is not (int64[9], 12 arrays or None). The
+    contents are admission's to judge, as with every runner."""
+    try:
+        header, arrays = item
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"not a (header, arrays) pair: {type(item).__name__}") from e
+    if not isinstance(header, np.ndarray) or header.dtype != np.int64 or header.shape != (len(HEADER),):
+        raise ValueError("bad fragment header")
+    if not isinstance(arrays, tuple) or len(arrays) != len(ARRAYS):
+        raise ValueError("bad fragment arrays")
+    if any(a is not None and not isinstance(a, np.ndarray) for a in arrays):
+        raise ValueError("a fragment field is not an array")
+    fid = FragmentId(**{k: int(v) for k, v in zip(HEADER, header)})
+    return Fragment(id=fid, **dict(zip(ARRAYS, arrays)))
+
+
+def held_ids(frags: Sequence[Fragment]) -> np.ndarray:
+    """Identities of fragments (what a link holds), as int64 rows of the header."""
+    return np.array([[getattr(f.id, k) for k in HEADER] for f in frags], np.int64).reshape(-1, len(HEADER))
+
+
+class RolloutWorker:
+    """One life (incarnation) of an actor slot, as a Ray actor (``ray.remote(RolloutWorker)``)."""
+
+    def __init__(self, cfg: Config, actor_id: int, inc: int, shapes: Dict[str, tuple], obs_shape: tuple):
+        self.cfg, self.actor_id, self.inc = cfg, actor_id, inc
+        self.actor = Actor(cfg, actor_id, inc)
+        self.codec = SnapshotCodec(shapes, obs_shape)
+        self.ch = ChaosChannel(cfg.chaos, cfg.seed, actor_id, inc)
+        self.produced = 0
+        self.in_hand = 0
+        self.version = -1
+        self.snapshot_s = 0.0
+        self.hang_next = False
+        self.killed = False
+
+    def ready(self) -> str:
+        """Answers once the worker is constructed (its env made): the learner's start-up check. Returns the
+        id of the Ray node it runs on."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def rollout(self, version: int, snapshot: List[Any]) -> Dict[str, Any]:
+        import ray
+
+        if self.killed:  # (calls queued behind a scripted kill, before the learner's ray.kill lands)
+            raise RuntimeError(f"actor {self.actor_id} (incarnation {self.inc}) was killed")
+        if version != self.version:
+            t0 = time.perf_counter()
+            flat = ray.get(snapshot[0])  # the object store's copy on this node, read in place
+            self.actor.load(self.codec.decode(version, flat))
+            self.version = version
+            self.snapshot_s += time.perf_counter() - t0
+        ro = self.actor.collect()
+        self.produced += ro.steps
+        self.in_hand += ro.steps
+        ch = self.ch
+        if self.hang_next:  # no answer: the learner's supervisor kills this actor after runner.heartbeat_timeout_s
+            while True:
+                time.sleep(3600)
+        if ch.hang_at is not None and self.produced >= ch.hang_at:
+            ch.counts.hangs += 1  # reported with this rollout; the next call never answers
+            ch.hang_at = None
+            self.hang_next = True
+        frags = ro.fragments
+        kill_after = len(frags)
+        if ch.kill_at is not None and self.produced >= ch.kill_at:
+            kill_after = int(ch.rng.integers(len(frags)))
+        sent = []
+        for f in frags[:kill_after]:
+            self.in_hand -= f.length
+            ch.send(f)
+            sent.append((f.id.env_index, f.id.t_end))
+        killed = kill_after < len(frags)
+        if killed:
+            self.killed = True
+            ch.counts.kills += 1
+            # what the link holds back dies with the process (the learner finds it lost from the watermarks)
+            ch.counts.lost_held_steps = sum({(f.id.env_index, f.id.t_start): f.length for f, _ in ch.held}.values())
+        out, ch.outbox = ch.outbox, []
+        return {
+            "inc": self.inc, "produced": self.produced, "in_hand": self.in_hand, "steps": ro.steps,
+            "sent": np.array(sent, np.int64).reshape(-1, 2),
+            "fragments": [to_wire(f) for f in out],
+            "held": held_ids(ch.contents()),
+            "episodes": [(e.env_index, e.ret, e.length) for e in ro.episodes],
+            "stats": {**asdict(self.actor.stats), "snapshot_s": self.snapshot_s},
+            "chaos": self.chaos_counts(), "killed": killed,
+        }
+
+    def flush(self) -> Dict[str, Any]:
+        """Release what the link holds back (the run is ending): the fragments, as ``rollout`` reports them."""
+        if self.killed:
+            raise RuntimeError(f"actor {self.actor_id} (incarnation {self.inc}) was killed")
+        self.ch.flush()
+        out, self.ch.outbox = self.ch.outbox, []
+        return {"inc": self.inc, "produced": self.produced, "in_hand": self.in_hand, "steps": 0,
+                "sent": np.zeros((0, 2), np.int64), "fragments": [to_wire(f) for f in out],
+                "held": held_ids([]), "episodes": [], "stats": {**asdict(self.actor.stats),
+                                                                "snapshot_s": self.snapshot_s},
+                "chaos": self.chaos_counts(), "killed": False}
+
+    def chaos_counts(self) -> Dict[str, Any]:
+        c = self.ch.counts
+        return {"duplicated": c.duplicated, "reordered": c.reordered, "delayed": c.delayed,
+                "dropped_steps": c.dropped_steps, "kills": c.kills, "hangs": c.hangs,
+                "corrupted": dict(c.corrupted), "corrupted_steps": dict(c.corrupted_steps),
+                "lost_held_steps": c.lost_held_steps}

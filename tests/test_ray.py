@@ -1,0 +1,97 @@
+"""runner=ray on a real multi-node cluster on one machine (ray.cluster_utils.Cluster: a head and two worker
+nodes): actors spread over the nodes, a node removed mid-run, the books exact; and the refusal without Ray.
+(The protocol tests in test_protocol.py also run on runner=ray, against a local instance.)"""
+import importlib.util
+
+import pytest
+
+from laglab.config import ConfigError
+from laglab.run import run
+from laglab.tagged import TAGGED_ID
+
+from test_protocol import balanced, on
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture()
+def cluster():
+    """A head node with no CPU for actors and two worker nodes with 4 CPUs and a "rollout" resource each."""
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    nodes = [c.add_node(num_cpus=4, resources={"rollout": 100}) for _ in range(2)]
+    c.wait_for_nodes()
+    ray.init(address=c.address, log_to_driver=False, logging_level="warning")
+    try:
+        yield c, nodes
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def test_actors_spread_over_the_nodes_and_a_lost_node_costs_nothing_but_its_actors(cluster, tmp_path, monkeypatch):
+    import laglab.runners.ray as R
+
+    c, nodes = cluster
+    taken = {"n": 0}
+    take = R._Runner.take
+
+    def take_and_lose_a_node(self, w, res):  # the fault, scripted: after the 12th report, a worker node goes
+        take(self, w, res)
+        taken["n"] += 1
+        if taken["n"] == 12:
+            c.remove_node(nodes[0])
+
+    monkeypatch.setattr(R._Runner, "take", take_and_lose_a_node)
+    s = run(on("ray", actors=4, total_env_steps=16384,
+               runner={"resource": "rollout", "actors_max_restarts": 10, "heartbeat_timeout_s": 30.0}), tmp_path)
+    t = s["transport"]
+    assert s["status"] == "completed" and s["env_steps"] == 16384
+    assert len(t["queue"]["ray_nodes"]) == 2  # the actors ran on both worker nodes (none on the head)
+    assert s["actor_restarts"] >= 1  # those of the lost node, restarted with new incarnations on the other
+    assert t["misattributed"] == 0 and balanced(t)
+    assert s["env_id"] == TAGGED_ID
+
+
+def test_a_ray_kill_is_booked_and_the_slot_restarts(cluster, tmp_path, monkeypatch):
+    import laglab.runners.ray as R
+
+    state = {"n": 0, "killed": None}
+    take = R._Runner.take
+
+    def take_and_kill(self, w, res):  # an operator's ray.kill of a live actor, after its 5th report
+        take(self, w, res)
+        state["n"] += 1
+        if state["n"] == 5:
+            state["killed"] = w.inc
+            ray.kill(w.handle, no_restart=True)
+
+    monkeypatch.setattr(R._Runner, "take", take_and_kill)
+    s = run(on("ray", total_env_steps=8192, runner={"resource": "rollout"}), tmp_path)
+    t = s["transport"]
+    assert state["killed"] is not None and s["actor_restarts"] == 1
+    assert s["status"] == "completed" and balanced(t) and t["misattributed"] == 0
+
+
+def test_runner_ray_without_ray_installed_is_refused_with_how_to_install(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"runner=ray needs Ray.*pip install -e '\.\[ray\]'"):
+        on("ray")
+
+
+def test_an_actor_that_cannot_start_fails_the_run_with_its_error(tmp_path):
+    from laglab.runners.supervisor import ActorFailed
+    import conftest
+
+    conftest.ray_up()
+    # the env's module is importable where the learner runs, not where the Ray workers run: the run fails at
+    # once with the worker's own error text, without restarts
+    with pytest.raises(ActorFailed, match="(?s)could not start on Ray.*No module named 'failing_env'"):
+        run(on("ray", env={"id": "failing_env:FailInChild-v0"}), tmp_path)
+    import json
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["status"] == "failed" and "could not start on Ray" in s["error"]
