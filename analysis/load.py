@@ -1,7 +1,8 @@
 """Load: any mix of run dirs and multirun (sweep) dirs becomes one tidy pandas table, one row per run: the
 resolved config flattened to dotted keys (from ``.hydra/config.yaml``), the command-line overrides, the
 summary (status, env steps, SPS, returns, the transport books), the provenance the run recorded, and the
-evaluation score (``eval.*``, from evaluate.py's ``eval.json``) where there is one."""
+evaluation score (``eval.*``: evaluate.py's newest deterministic score of this run's checkpoints/final.pt
+without config overrides, from ``evals.jsonl``) where there is one."""
 from __future__ import annotations
 
 import json
@@ -62,11 +63,15 @@ def load_run(run_dir: Path) -> Dict[str, object]:
         row[f"{bucket}_frac"] = sum((t.get(bucket) or {}).values()) / produced
     for k, v in flatten(s.get("provenance") or {}).items():
         row[f"provenance.{k}"] = v
-    ev = run_dir / "eval.json"  # evaluate.py's score of the run's checkpoint, when it was evaluated
+    ev = run_dir / "evals.jsonl"  # evaluate.py's scores: the newest of the final checkpoint, as trained
     if ev.exists():
-        e = json.loads(ev.read_text())
-        for k in ("return_mean", "return_std", "episodes", "mode"):
-            row[f"eval.{k}"] = e.get(k)
+        evals = [json.loads(line) for line in ev.read_text().splitlines() if line.strip()]
+        own = (run_dir / "checkpoints" / "final.pt").resolve()
+        evals = [e for e in evals if e.get("checkpoint") and Path(e["checkpoint"]).resolve() == own
+                 and e.get("mode") == "deterministic" and not e.get("overrides")]
+        if evals:
+            for k in ("return_mean", "return_std", "episodes", "mode"):
+                row[f"eval.{k}"] = evals[-1].get(k)
     return row
 
 

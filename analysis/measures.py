@@ -1,6 +1,7 @@
 """Measures per run, from its run dir: learning efficiency per env step (``auc``), env steps and wall time
 to a return threshold, final return, throughput, lag (mean / p95 / max), KL(behavior || current), kept
-fraction, and the queue's depth and data age."""
+fraction, the queue's depth and data age, and what the updates did while the run was learning (clip fraction,
+KL moved per update, entropy)."""
 from __future__ import annotations
 
 from typing import Dict, Optional
@@ -60,8 +61,17 @@ def run_measures(run_dir: str, env_id: Optional[str], threshold: Optional[float]
     m["queue_depth"] = _mean(df, "transport/queue_depth")
     m["age_s"] = _mean(df, "transport/age_s_mean")
     m["learner_wait_frac"] = float(df["learner/wait_frac"].iloc[-1]) if "learner/wait_frac" in df else float("nan")
+    # what the updates did while the run was learning (up to the threshold, or the first half of the run):
+    # the fraction of samples PPO's clip cut, how far each update moved the policy, the policy's entropy
+    end = m["steps_to_threshold"] if np.isfinite(m.get("steps_to_threshold", float("nan"))) else \
+        float(df["env_steps"].iloc[len(df) // 2])
+    learning = df[df["env_steps"] <= end]
+    m["clip_frac"] = _mean(learning, "losses/clip_frac")
+    m["update_kl"] = _mean(learning, "losses/approx_kl")
+    m["entropy"] = _mean(learning, "losses/entropy")
     return m
 
 
 MEASURES = ["auc", "final_return", "steps_to_threshold", "time_to_threshold", "sps", "lag_mean", "lag_p95", "lag_max",
-            "kl_behavior", "kept_frac", "dropped_frac", "rejected_frac", "queue_depth", "age_s"]
+            "kl_behavior", "kept_frac", "dropped_frac", "rejected_frac", "queue_depth", "age_s", "clip_frac",
+            "update_kl", "entropy"]

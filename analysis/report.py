@@ -126,6 +126,7 @@ def _md_table(df: pd.DataFrame) -> str:
 
 
 HEADLINE = ["auc", "final_return", "steps_to_threshold", "time_to_threshold", "sps", "lag_mean", "kl_behavior"]
+UPDATES = ["clip_frac", "update_kl", "entropy", "kl_behavior"]  # what the updates did while the runs learned
 
 
 def write(runs: pd.DataFrame, summary: pd.DataFrame, by: List[str], figs: Dict[str, Path], out: Path,
@@ -135,19 +136,25 @@ def write(runs: pd.DataFrame, summary: pd.DataFrame, by: List[str], figs: Dict[s
     short = summary[[c for c in by] + ["runs"] + [f"{m}_{s}" for m in HEADLINE for s in ("iqm", "ci_low", "ci_high")
                                                    if f"{m}_{s}" in summary]
                     + [c for c in summary.columns if c.startswith("auc_prob")]]
+    updates = summary[[c for c in by] + [f"{m}_iqm" for m in UPDATES if f"{m}_iqm" in summary]]
     status = runs.groupby("status").size().to_dict()
     prov_cols = [c for c in runs.columns if c.startswith("provenance.")]
     warnings = [f"pooled runs differ in {c[len('provenance.'):]}: {', '.join(map(str, runs[c].dropna().unique()[:4]))}"
                 for c in prov_cols if c.split(".")[-1] in ("git_commit", "git_dirty", "laglab", "torch", "gymnasium",
                                                             "numpy") and runs.loc[runs["used"], c].astype(str).nunique() > 1]
     runs_view = runs[["run_dir", "status", "used"] + [c for c in by if c in runs] +
-                     [c for c in ("cfg.seed", "auc", "final_return", "sps", "lag_mean") if c in runs] + prov_cols[:6]]
+                     [c for c in ("cfg.seed", "auc", "final_return", "eval.return_mean", "sps", "lag_mean") if c in runs]
+                     + prov_cols[:6]]
     md = [f"# laglab report\n\nRegenerate: `{command}`\n",
           f"{len(runs)} runs ({', '.join(f'{k}: {v}' for k, v in status.items())}); groups by "
           f"{', '.join(by) or '(none: one group)'}; statistics over the runs marked used (IQM with 95% stratified "
           f"bootstrap CI, rliable's definitions)" + (f"; baseline {baseline}" if baseline else "") + ".\n",
           *(f"> warning: {w}\n" for w in warnings),
-          "## Summary\n", _md_table(short), "\n## Figures\n",
+          "## Summary\n", _md_table(short),
+          "\n## What the updates did while learning\n\nIQM per group, over the updates up to the threshold (or the "
+          "first half of the run): the fraction of samples PPO's clip cut (`clip_frac`), the KL each update moved "
+          "the policy (`update_kl`, k3), the policy's entropy, and KL(behavior || current) before each update.\n",
+          _md_table(updates), "\n## Figures\n",
           *(f"![{k}](figures/{p.name})\n" for k, p in figs.items()), "\n## Runs\n", _md_table(runs_view)]
     (out / "report.md").write_text("\n".join(md) + "\n")
     imgs = "\n".join(f'<figure><img alt="{k}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}">'
@@ -158,6 +165,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}img{{max-width:10
 </head><body><h1>laglab report</h1><p>Regenerate: <code>{html.escape(command)}</code></p>
 <p>{html.escape(md[1])}</p>{''.join(f'<p class="warn">warning: {html.escape(w)}</p>' for w in warnings)}
 <h2>Summary</h2>{short.to_html(index=False, float_format=lambda v: _fmt(v))}
+<h2>What the updates did while learning</h2>{updates.to_html(index=False, float_format=lambda v: _fmt(v))}
 <h2>Figures</h2>{imgs}
 <h2>Runs (provenance)</h2>{runs_view.to_html(index=False, float_format=lambda v: _fmt(v))}
 </body></html>"""

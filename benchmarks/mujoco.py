@@ -20,7 +20,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+# this file's own folder comes first on sys.path when it runs as a script, and this file is named like the
+# ``mujoco`` package that gymnasium imports: take the folder off the path
+if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
+    sys.path.pop(0)
+
+import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

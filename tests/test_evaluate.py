@@ -77,6 +77,8 @@ def test_a_cartpole_checkpoint_scores_as_the_slow_reference_and_writes_eval_json
     assert saved["trained_env_steps"] >= 30000 - 1024 and saved["policy_version"] > 0
     again = evaluate(cartpole, episodes=4, seed=123)
     assert again["returns"] == out["returns"]  # reproducible
+    history = [json.loads(x) for x in (cartpole / "evals.jsonl").read_text().splitlines()]
+    assert [h["returns"] for h in history[-2:]] == [ref, ref]  # every evaluation is kept, in order
     sampled = evaluate(cartpole, episodes=4, seed=123, mode="sample")
     assert sampled["mode"] == "sample" and sampled["episodes"] == 4
 

@@ -266,7 +266,8 @@ def test_hung_actor_is_detected_by_heartbeat_and_replaced(tmp_path, runner):
     t = s["transport"]
     assert s["chaos"]["hangs"] >= 1 and s["actor_restarts"] >= 1
     if runner == "ray":  # a hung call never reports its rollout: its budget is given back, nothing is in hand
-        assert s["chaos"]["hangs_detected"] == s["chaos"]["hangs"] == s["actor_restarts"]
+        # (every scripted hang is detected; on an overloaded machine a slow call may be taken for hung as well)
+        assert s["chaos"]["hangs_detected"] >= s["chaos"]["hangs"] and s["actor_restarts"] == s["chaos"]["hangs_detected"]
         assert t["dropped"].get("abandoned", 0) == 0
     else:
         assert t["dropped"]["abandoned"] == 64 * s["chaos"]["hangs"]  # its whole rollout (4 envs x 16), untrained

@@ -40,10 +40,11 @@ def test_actors_spread_over_the_nodes_and_a_lost_node_costs_nothing_but_its_acto
     take = R._Runner.take
 
     def take_and_lose_a_node(self, w, res):  # the fault, scripted: after the 12th report, a worker node goes
-        take(self, w, res)
+        ok = take(self, w, res)
         taken["n"] += 1
         if taken["n"] == 12:
             c.remove_node(nodes[0])
+        return ok
 
     monkeypatch.setattr(R._Runner, "take", take_and_lose_a_node)
     s = run(on("ray", actors=4, total_env_steps=16384,
@@ -63,11 +64,12 @@ def test_a_ray_kill_is_booked_and_the_slot_restarts(cluster, tmp_path, monkeypat
     take = R._Runner.take
 
     def take_and_kill(self, w, res):  # an operator's ray.kill of a live actor, after its 5th report
-        take(self, w, res)
+        ok = take(self, w, res)
         state["n"] += 1
         if state["n"] == 5:
             state["killed"] = w.inc
             ray.kill(w.handle, no_restart=True)
+        return ok
 
     monkeypatch.setattr(R._Runner, "take", take_and_kill)
     s = run(on("ray", total_env_steps=8192, runner={"resource": "rollout"}), tmp_path)
@@ -95,3 +97,17 @@ def test_an_actor_that_cannot_start_fails_the_run_with_its_error(tmp_path):
     import json
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["status"] == "failed" and "could not start on Ray" in s["error"]
+
+
+def test_actors_waiting_on_a_stalled_learner_are_not_taken_for_hung(tmp_path):
+    import conftest
+
+    conftest.ray_up()
+    # the learner stalls 1.5 s at every update with a 4-fragment queue under block: the receiver waits for room
+    # far longer than the 1 s heartbeat, while the actors have long answered; none of them may be killed
+    s = run(on("ray", transport={"capacity": 4, "policy": "block"}, total_env_steps=4096,
+               chaos={"name": "stall", "stall_every_updates": 1, "stall_s": 1.5},
+               runner={"heartbeat_timeout_s": 1.0}), tmp_path)
+    assert s["chaos"]["stalls"] >= 3 and s["transport"]["queue"]["blocked_s"] > 1.0
+    assert s["actor_restarts"] == 0 and s["chaos"]["hangs_detected"] == 0
+    assert balanced(s["transport"])

@@ -3,6 +3,7 @@ played for N episodes with the deterministic policy (argmax / Gaussian mean) or 
 run's own env config. ``evaluate.py`` at the repo root is the command line."""
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,8 @@ def run_config(run_dir: Path, overrides: Sequence[str] = ()) -> Config:
         if bad:
             raise ConfigError(f"invalid override {bad[0]!r}: expected key=value")
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+    if OmegaConf.select(cfg, "runner.name") == "ray":
+        cfg.runner.name = "thread"  # evaluation runs no runner (and needs no Ray installed)
     return validate(cfg)
 
 
@@ -147,7 +150,8 @@ def video_env(cfg: Config, folder: Path):
 
 def evaluate(run_dir: Path, episodes: int = 10, mode: str = "deterministic", checkpoint: str = "auto",
              seed: int = 1_000_000, video: Optional[Path] = None, overrides: Sequence[str] = ()) -> Dict[str, Any]:
-    """Evaluate a run dir's checkpoint; writes and returns ``eval.json`` (in the run dir)."""
+    """Evaluate a run dir's checkpoint; returns the result and writes it as ``eval.json`` in the run dir (the
+    newest evaluation) and as a line of ``evals.jsonl`` (all of them)."""
     from .run import env_spec
 
     run_dir = Path(run_dir)
@@ -168,5 +172,7 @@ def evaluate(run_dir: Path, episodes: int = 10, mode: str = "deterministic", che
            "video_dir": None if video is None else str(video), "overrides": list(overrides)}
     if video is not None:
         out["videos"] = sorted(p.name for p in Path(video).glob("*.mp4"))
-    (run_dir / "eval.json").write_text(__import__("json").dumps(out, indent=2))
+    (run_dir / "eval.json").write_text(json.dumps(out, indent=2))  # the newest evaluation
+    with open(run_dir / "evals.jsonl", "a") as f:  # and every one, in order
+        f.write(json.dumps(out) + "\n")
     return out

@@ -199,6 +199,8 @@ class _Loop:
         try:
             while not self.stopping():
                 self.beat()
+                while self.bell.acquire(False):  # rings for news this iteration reads anyway (bounds the count)
+                    pass
                 self.refresh()
                 pause, _ = throttle_state(books.produced, self.credit(), self.inc, max_lead)
                 if pause and self.budget.has_room(per_rollout):

@@ -4,9 +4,10 @@ How actors start: one Ray actor per slot (``runner.cpus_per_actor`` CPUs, option
 ``runner.resource`` for placement; laglab restarts slots itself, so a restarted slot is always a new
 incarnation). How bytes move: the learner drives each actor with ``rollout`` calls, at most
 ``runner.max_inflight`` outstanding per actor and only while the actor's lead (``actor.max_lead_steps``,
-counting the calls in flight) allows; each call carries the newest snapshot's version and its object-store
-reference (published once per version), and returns the rollout's fragments as plain numpy arrays with an
-int64 header. A receiver thread takes the results as they finish, and the arrivals enter the same bounded
+counting the calls in flight) allows. A snapshot is put into the object store once per version and posted on
+a small board actor next to the learner; a call asks the board for the newest version when it starts (as a
+thread or process actor reads the newest snapshot before each rollout) and fetches the snapshot only when the
+version changed. A call returns the rollout's fragments as plain numpy arrays with an int64 header. A receiver thread takes the results as they finish, and the arrivals enter the same bounded
 queue, admission, books and driver as every runner's.
 
 Faults: an actor that dies (``ray.kill``, a scripted kill, a lost node) fails its outstanding calls; a call
@@ -20,6 +21,7 @@ only arrays and integers, and admission still validates every field of every fra
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
@@ -40,10 +42,11 @@ from ..tracking import Tracker
 from ..transport import FragmentQueue
 from .driver import LearnerDriver, serve
 from .endpoint import arrive_at_queue
-from .ray_actor import HEADER, RolloutWorker, from_wire
+from .ray_actor import HEADER, RolloutWorker, SnapshotBoard, from_wire
 from .supervisor import ActorFailed, RestartIntensity
 
 __all__ = ["run", "ActorFailed"]
+log = logging.getLogger("laglab")
 
 
 class _Held:
@@ -73,6 +76,7 @@ class _Worker:
         self.abandoned = False
         self.killed = False  # reported a scripted kill (the learner then kills it)
         self.init_failed = False
+        self.died = False  # a call failed while draining
         self.error: Optional[str] = None
         self.node: Optional[str] = None  # the Ray node it runs on
         self.chaos = ChaosCounts()
@@ -87,6 +91,14 @@ class _Slot:
         self.stats = ActorStats()
 
 
+def _drop(items: List[Any], x: Any) -> None:
+    """Remove ``x`` (by identity) from ``items``."""
+    for i, y in enumerate(items):
+        if y is x:
+            del items[i]
+            return
+
+
 def _counts(d: Dict[str, Any]) -> ChaosCounts:
     c = ChaosCounts(**{k: v for k, v in d.items() if k not in ("corrupted", "corrupted_steps")})
     c.corrupted.update(d["corrupted"])
@@ -98,12 +110,15 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
     import ray
 
     own = not ray.is_initialized()
-    if own:  # a local Ray instance, or the cluster at runner.address ("auto", "ray://host:10001", ...)
+    if own:  # a new local Ray instance, or the cluster at runner.address ("auto", "ray://host:10001", ...)
         kw: Dict[str, Any] = {}
-        if cfg.runner.address is None:  # local: room for every actor (processes share the cores, as with runner=process)
+        if cfg.runner.address is None:  # room for every actor (processes share the cores, as with runner=process)
             kw["num_cpus"] = max(os.cpu_count() or 1, math.ceil(cfg.actors * cfg.runner.cpus_per_actor))
-        ray.init(address=cfg.runner.address, include_dashboard=False, log_to_driver=False,
+        ray.init(address=cfg.runner.address or "local", include_dashboard=False, log_to_driver=False,
                  logging_level="warning", **kw)
+    elif cfg.runner.address is not None:
+        log.warning("laglab: Ray is already initialized in this process; runner.address=%s is not used",
+                    cfg.runner.address)
     try:
         return _Runner(cfg, learner, tracker, spec, budget, run_dir).run()
     finally:
@@ -145,6 +160,12 @@ class _Runner:
         if cfg.runner.resource:
             opts["resources"] = {cfg.runner.resource: 0.001}
         self.remote_cls = ray.remote(RolloutWorker).options(**opts)
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+        # the newest snapshot's version and reference, next to the learner; restarted if it dies (empty until
+        # the next publication: actors keep acting with the snapshot they have)
+        self.board = ray.remote(SnapshotBoard).options(num_cpus=0, scheduling_strategy=here, max_restarts=-1).remote()
         self.driver = LearnerDriver(cfg, learner, tracker, budget, self.admission, self.ledger,
                                     publish=self.publish, link_steps=self.link_steps,
                                     queue_steps=self.queue.first_steps, gauges=self.gauges,
@@ -152,7 +173,11 @@ class _Runner:
 
     # ---- learner -> actors ------------------------------------------------------------------------------------
     def publish(self, snap: Snapshot) -> None:
+        first = self.snapshot is None
         self.snapshot = (snap.version, [self.ray.put(self.codec.encode(snap))])  # once per version
+        posted = self.board.set.remote(*self.snapshot)  # (one caller's calls run in order: no older one overtakes)
+        if first:
+            self.ray.get(posted)  # on the board before any actor asks
         self.grant(snap.consumed)
 
     def grant(self, consumed) -> None:
@@ -164,10 +189,9 @@ class _Runner:
         with self.lock:
             if self.stopping.is_set() or self.snapshot is None:
                 return
-            version, box = self.snapshot
             for s in self.slots:
                 w = s.worker
-                if w is None or w.finalized or w.finishing:
+                if w is None or w.finalized or w.finishing or w.abandoned or w.killed:
                     continue
                 while sum(kind == "rollout" for kind, _ in w.inflight.values()) < self.cfg.runner.max_inflight:
                     owed = sum(n for _, n in w.inflight.values())
@@ -176,7 +200,7 @@ class _Runner:
                         break
                     if not w.inflight:
                         w.progress_at = time.monotonic()
-                    w.inflight[w.handle.rollout.remote(version, box)] = ("rollout", self.per_rollout)
+                    w.inflight[w.handle.rollout.remote(self.board)] = ("rollout", self.per_rollout)
                     self.calls += 1
 
     # ---- readings ---------------------------------------------------------------------------------------------
@@ -203,8 +227,9 @@ class _Runner:
             slot.worker = w
         self.issue()
 
-    def take(self, w: _Worker, res: Dict[str, Any]) -> None:
-        """One report, in order: produced, sent into the link, what left the link (each an arrival)."""
+    def take(self, w: _Worker, res: Dict[str, Any]) -> bool:
+        """One report, in order: produced, sent into the link, what left the link (each an arrival). False for
+        a malformed report (nothing of it is taken)."""
         led = self.ledger
         try:
             frags = [from_wire(x) for x in res["fragments"]]
@@ -215,7 +240,7 @@ class _Runner:
             stats, chaos = ActorStats(**res["stats"]), _counts(res["chaos"])
         except (KeyError, TypeError, ValueError):
             self.malformed += 1
-            return
+            return False
         with led.lock:
             led.produced += produced - w.produced
             led.in_hand += in_hand - w.in_hand
@@ -226,15 +251,19 @@ class _Runner:
         self.tracker.add_episodes(episodes, self.budget.used)
         for f in frags:
             self.bytes_in += f.nbytes
-            arrive_at_queue(led, self.queue, f, lambda: w.abandoned,
-                            lambda f=f: w.link.remove(f), lambda _: None, self.poll)
+            arrive_at_queue(led, self.queue, f, lambda: w.abandoned, lambda f=f: _drop(w.link, f), lambda _: None,
+                            self.poll)
         w.chaos = chaos
         w.killed = bool(res.get("killed"))
-        self.slots[w.actor_id].stats = stats
+        if self.slots[w.actor_id].worker is w:
+            self.slots[w.actor_id].stats = stats
+        return True
 
     def finalize(self, w: _Worker, reason: str) -> None:
         """The worker is gone (or let go): book what it had in hand for ``reason``; what its link held is lost
-        (the watermarks find it); give back the budget of its unanswered calls; merge its chaos counts."""
+        (the watermarks find it); give back the budget of its unanswered calls; merge its chaos counts. Called
+        by the receiver thread only (or by the learner once the receiver has stopped), so a report is never
+        taken from a worker that is being finalized."""
         with self.lock:
             if w.finalized:
                 return
@@ -248,10 +277,7 @@ class _Runner:
                 w.link = []
                 w.finalized = True
             self.chaos.merge(w.chaos)
-        try:
-            self.ray.kill(w.handle, no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
+        self.kill(w)
 
     def answer(self, w: _Worker, ref, kind: str, steps: int) -> None:
         """A call of ``w`` finished: take its result, or book the worker's death."""
@@ -262,14 +288,19 @@ class _Runner:
                 self.budget.release(steps)
             w.error = w.error or f"{type(e).__name__}: {str(e)[:4000]}"
             w.init_failed = bool(getattr(e, "actor_init_failed", False))  # its constructor raised (bad config)
-            self.finalize(w, "actor_crash")
+            self.finalize(w, "abandoned" if w.abandoned else "actor_crash")
             return
         w.progress_at = time.monotonic()
         if kind == "ready":
             w.started = True
             w.node = str(res)
             return
-        self.take(w, res)
+        if not self.take(w, res):  # a worker that reports nonsense is replaced; the call never produced
+            if steps:
+                self.budget.release(steps)
+            w.error = "a malformed report"
+            self.finalize(w, "actor_crash")
+            return
         if kind == "flush":
             w.done = True
             self.finalize(w, "shutdown")
@@ -339,44 +370,81 @@ class _Runner:
                     w.inflight[w.handle.flush.remote()] = ("flush", 0)
                     w.progress_at = now
                     continue
-            if not w.started:
-                if now - w.progress_at > rc.start_timeout_s:
+            if w.abandoned or w.killed:  # killed: the receiver books it when a call fails
+                with self.lock:
+                    if not w.inflight:  # it owes nothing: ask it something, so that its death is seen
+                        w.inflight[w.handle.ready.remote()] = ("ready", 0)
+                continue
+            limit = rc.heartbeat_timeout_s if w.started else rc.start_timeout_s
+            if owes and now - w.progress_at > limit:
+                if self.answered(w):  # it did answer: the receiver is behind (a full queue), not the actor
+                    w.progress_at = now
+                    continue
+                if not w.started:
                     raise ActorFailed(f"actor {slot.actor_id} did not start within {rc.start_timeout_s}s "
                                       "(runner.start_timeout_s)")
-                continue
-            if owes and now - w.progress_at > rc.heartbeat_timeout_s:
                 w.error = f"no answer for {rc.heartbeat_timeout_s}s (runner.heartbeat_timeout_s)"
-                w.abandoned = True
+                w.abandoned = True  # what it still delivers is refused and booked as abandoned
                 self.hangs_detected += 1
-                self.finalize(w, "abandoned")
+                self.kill(w)  # its calls fail now; the receiver finalizes it
         return live
 
-    def drain(self) -> None:
-        """The run is over (or interrupted): take what is still owed, with the queue closed (so it is booked as
-        dropped at shutdown), and let every worker go."""
+    def answered(self, w: _Worker) -> bool:
+        """Has any call ``w`` owes finished (whether or not the receiver has taken it yet)?"""
+        with self.lock:
+            refs = list(w.inflight)
+        if not refs:
+            return False
+        done, _ = self.ray.wait(refs, num_returns=1, timeout=0, fetch_local=False)
+        return bool(done)
+
+    def kill(self, w: _Worker) -> None:
+        try:
+            self.ray.kill(w.handle, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+    def drain(self, deadline_s: float = 10.0) -> None:
+        """The run is over (or interrupted), the receiver has stopped: take what is still owed and finished
+        within ``deadline_s`` in all (the queue is closed, so arrivals are booked as dropped at shutdown), each
+        worker's reports in order up to its first missing one, and let every worker go."""
+        owed = {}
         for w in self.workers:
             if w.finalized:
                 continue
             with self.lock:
-                calls = list(w.inflight.items())
-            try:
-                calls.append((w.handle.flush.remote(), ("flush", 0)))
-            except Exception:  # noqa: BLE001
-                pass
-            for ref, (kind, steps) in calls:
+                if not w.finishing:
+                    try:
+                        w.inflight[w.handle.flush.remote()] = ("flush", 0)
+                    except Exception:  # noqa: BLE001
+                        pass
+                owed[w] = list(w.inflight.items())
+        refs = [r for calls in owed.values() for r, _ in calls]
+        done = set()
+        if refs:
+            ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=deadline_s)
+            done = set(ready)
+        for w, calls in owed.items():
+            for r, (kind, steps) in calls:
+                if r not in done:
+                    break
                 with self.lock:
-                    w.inflight.pop(ref, None)
+                    w.inflight.pop(r, None)
                 try:
-                    res = self.ray.get(ref, timeout=10)
-                except Exception:  # noqa: BLE001 - gone or stuck: the books say what was lost
+                    res = self.ray.get(r)
+                except Exception:  # noqa: BLE001 - it died: the books say what was lost
                     if steps:
                         self.budget.release(steps)
-                    continue
+                    w.died = True
+                    break
                 if kind != "ready":
-                    self.take(w, res)
-                    if res.get("killed"):
+                    if not self.take(w, res):
+                        if steps:
+                            self.budget.release(steps)
                         break
-            self.finalize(w, "actor_crash" if w.killed else "shutdown")
+                    if w.killed:
+                        break
+            self.finalize(w, "abandoned" if w.abandoned else "actor_crash" if (w.killed or w.died) else "shutdown")
 
     def run(self) -> Dict[str, Any]:
         self.publish(self.learner.snapshot())
@@ -392,10 +460,21 @@ class _Runner:
             raise
         finally:
             self.stopping.set()
-            receiver.join(timeout=30)
             with self.ledger.lock:
-                self.queue.close()
-            self.drain()
+                self.queue.close()  # a receiver blocked on a full queue returns (its arrival booked as shutdown)
+            receiver.join(timeout=30)
+            try:
+                if receiver.is_alive():  # (never seen) it would race drain(): leave the books as they are
+                    log.warning("laglab: the Ray receiver did not stop within 30 s; not draining the actors")
+                else:
+                    self.drain()
+            finally:
+                for w in self.workers:
+                    self.kill(w)
+                try:
+                    self.ray.kill(self.board)
+                except Exception:  # noqa: BLE001
+                    pass
         bal = self.driver.close()
         chaos = self.chaos.as_dict()
         chaos["hangs_detected"] = self.hangs_detected

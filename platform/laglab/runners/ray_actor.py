@@ -1,7 +1,8 @@
 """The actor side of the Ray runner: one Ray actor per slot, anywhere in the cluster (numpy only: no torch).
 
-The learner drives it: each ``rollout`` call carries the snapshot to act with (its version and a reference
-into the object store, fetched only when the version changes) and returns one rollout's report — what the
+The learner drives it: each ``rollout`` call first asks the learner's snapshot board for the newest version
+(and fetches that snapshot from the object store only when the version changed), then returns one rollout's
+report — what the
 worker's books say, the fragments that left its link (each a plain int64 header plus plain numpy arrays,
 which Ray moves without copying them through pickle), the (env, t_end) marks of what it sent into the link,
 its finished episodes, its stats and chaos counts. The learner keeps at most ``runner.max_inflight`` calls
@@ -59,6 +60,20 @@ def held_ids(frags: Sequence[Fragment]) -> np.ndarray:
     return np.array([[getattr(f.id, k) for k in HEADER] for f in frags], np.int64).reshape(-1, len(HEADER))
 
 
+class SnapshotBoard:
+    """The newest snapshot's version and object-store reference (a Ray actor next to the learner)."""
+
+    def __init__(self):
+        self.version, self.box = -1, None
+
+    def set(self, version: int, box: List[Any]) -> None:
+        self.version, self.box = version, box
+
+    def newest(self, known: int) -> Tuple[int, Optional[List[Any]]]:
+        """(version, [reference]) or (version, None) when the caller has that version already."""
+        return self.version, (None if known == self.version else self.box)
+
+
 class RolloutWorker:
     """One life (incarnation) of an actor slot, as a Ray actor (``ray.remote(RolloutWorker)``)."""
 
@@ -81,17 +96,21 @@ class RolloutWorker:
 
         return ray.get_runtime_context().get_node_id()
 
-    def rollout(self, version: int, snapshot: List[Any]) -> Dict[str, Any]:
+    def rollout(self, board) -> Dict[str, Any]:
+        """Collect one rollout with the newest snapshot on ``board`` and report it (see the module doc)."""
         import ray
 
         if self.killed:  # (calls queued behind a scripted kill, before the learner's ray.kill lands)
             raise RuntimeError(f"actor {self.actor_id} (incarnation {self.inc}) was killed")
-        if version != self.version:
+        version, snapshot = ray.get(board.newest.remote(self.version))
+        if snapshot is not None:
             t0 = time.perf_counter()
             flat = ray.get(snapshot[0])  # the object store's copy on this node, read in place
             self.actor.load(self.codec.decode(version, flat))
             self.version = version
             self.snapshot_s += time.perf_counter() - t0
+        elif self.version < 0:  # a board that restarted and has no snapshot yet: the learner posts it again
+            raise RuntimeError("the snapshot board has no snapshot (it restarted); the learner reposts it")
         ro = self.actor.collect()
         self.produced += ro.steps
         self.in_hand += ro.steps
