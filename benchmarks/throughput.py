@@ -112,7 +112,8 @@ def main() -> None:
         print(f"\nprocess / sync: **{rows[2]['sps'] / rows[0]['sps']:.2f}x**; process / ideal: "
               f"{rows[2]['sps'] / ideal:.2f}\n")
     if "ray" in only:
-        rows = [median_run(out, f"cartpole {runner} a{actors}", [f"runner={runner}", f"actors={actors}"], args.repeats)
+        rows = [median_run(out, f"cartpole {runner} a{actors} (ray table)", [f"runner={runner}", f"actors={actors}"],
+                           args.repeats)
                 for actors in (2, 4) for runner in ("process", "ray")]
         print("### runner=ray next to runner=process, CartPole default (a local Ray instance, started by the run)\n")
         table(rows, max(r["sps"] for r in rows if " process " in r["name"]))
