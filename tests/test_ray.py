@@ -16,13 +16,14 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture()
 def cluster():
-    """A head node with no CPU for actors and two worker nodes with 4 CPUs and a "rollout" resource each."""
+    """A head node with no CPU for actors and two worker nodes with 2 CPUs and a "rollout" resource each (so
+    four one-CPU actors must use both)."""
     from ray.cluster_utils import Cluster
 
     if ray.is_initialized():
         ray.shutdown()
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-    nodes = [c.add_node(num_cpus=4, resources={"rollout": 100}) for _ in range(2)]
+    nodes = [c.add_node(num_cpus=2, resources={"rollout": 100}) for _ in range(2)]
     c.wait_for_nodes()
     ray.init(address=c.address, log_to_driver=False, logging_level="warning")
     try:
@@ -33,26 +34,38 @@ def cluster():
 
 
 def test_actors_spread_over_the_nodes_and_a_lost_node_costs_nothing_but_its_actors(cluster, tmp_path, monkeypatch):
+    import threading
+
     import laglab.runners.ray as R
 
     c, nodes = cluster
-    taken = {"n": 0}
+    reports, twelfth, node_gone = {"n": 0}, threading.Event(), threading.Event()
     take = R._Runner.take
 
-    def take_and_lose_a_node(self, w, res):  # the fault, scripted: after the 12th report, a worker node goes
+    def take_and_wait_for_the_fault(self, w, res):  # the fault, scripted: after the 12th report, a node goes
         ok = take(self, w, res)
-        taken["n"] += 1
-        if taken["n"] == 12:
-            c.remove_node(nodes[0])
+        reports["n"] += 1
+        if reports["n"] == 12:
+            twelfth.set()
+            node_gone.wait(60)  # (the receiver holds still while the test removes it)
         return ok
 
-    monkeypatch.setattr(R._Runner, "take", take_and_lose_a_node)
-    s = run(on("ray", actors=4, total_env_steps=16384,
-               runner={"resource": "rollout", "actors_max_restarts": 10, "heartbeat_timeout_s": 30.0}), tmp_path)
+    monkeypatch.setattr(R._Runner, "take", take_and_wait_for_the_fault)
+    out = {}
+    cfg = on("ray", actors=4, total_env_steps=16384,
+             runner={"resource": "rollout", "actors_max_restarts": 10, "heartbeat_timeout_s": 30.0})
+    trainer = threading.Thread(target=lambda: out.update(s=run(cfg, tmp_path)), daemon=True)
+    trainer.start()
+    assert twelfth.wait(120)
+    c.remove_node(nodes[0])  # (node operations on the main thread, as Ray wants)
+    c.add_node(num_cpus=2, resources={"rollout": 100})  # a replacement joins, as an autoscaler would bring one
+    node_gone.set()
+    trainer.join(300)
+    s = out["s"]
     t = s["transport"]
     assert s["status"] == "completed" and s["env_steps"] == 16384
-    assert len(t["queue"]["ray_nodes"]) == 2  # the actors ran on both worker nodes (none on the head)
-    assert s["actor_restarts"] >= 1  # those of the lost node, restarted with new incarnations on the other
+    assert len(t["queue"]["ray_nodes"]) == 3  # both worker nodes, then the replacement (none on the head)
+    assert s["actor_restarts"] >= 2  # the lost node's two actors, restarted with new incarnations elsewhere
     assert t["misattributed"] == 0 and balanced(t)
     assert s["env_id"] == TAGGED_ID
 
