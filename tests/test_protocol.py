@@ -93,6 +93,28 @@ def test_admission_names_each_kind_of_bad_input(tagged_fragments, mutate, reason
     assert adm.stats.rejected == {reason: bad.id.length} and adm.stats.admitted_steps == 0  # counted as claimed
 
 
+def test_non_finite_final_observations_are_refused(tagged_fragments):
+    # the bootstrap observation (last_obs) and the final observation of a truncated step (trunc_obs) are fed to
+    # the learner's critic like obs: a NaN or Inf in either is refused as non_finite, with the right dtype and
+    # shape (a float64 array of NaNs is refused as shape before finiteness is looked at)
+    _, spec, frags = tagged_fragments
+    f = next(f for f in frags if not f.truncated.any())
+    nan_last = f.last_obs.copy()
+    nan_last[0] = np.nan
+    truncated = np.zeros_like(f.truncated)
+    truncated[np.flatnonzero(~f.terminated)[0]] = True  # one truncated step, one final observation: well-formed
+    final = f.last_obs[None].copy()  # as long as it is finite
+    assert validate(dataclasses.replace(f, truncated=truncated, trunc_obs=final), spec, 2, 4, 0) is None
+    inf_final = final.copy()
+    inf_final[0, -1] = np.inf
+    for bad in (dataclasses.replace(f, last_obs=nan_last),
+                dataclasses.replace(f, truncated=truncated, trunc_obs=inf_final)):
+        assert bad.last_obs.dtype == bad.trunc_obs.dtype == np.float32
+        adm = Admission(spec, 2, 4, Duplicates.ignore)
+        assert adm.admit(bad, True, learner_version=0) == "non_finite"
+        assert adm.stats.rejected == {"non_finite": 16} and adm.stats.admitted_steps == 0
+
+
 def test_duplicates_ignore_admits_once_charge_admits_again(tagged_fragments):
     _, spec, frags = tagged_fragments
     ign = Admission(spec, 2, 4, Duplicates.ignore)
@@ -239,6 +261,17 @@ def test_missing_duplicated_delayed_reordered_and_corrupt_fragments_are_all_acco
     assert balanced(t)
 
 
+@pytest.mark.parametrize("runner", ["sync", "thread", "process"])
+def test_charged_duplicates_are_trained_on_again_without_entering_the_books(tmp_path, runner):
+    # duplicates=charge admits a re-delivery again, outside produced: the first copies alone must close the books
+    s = run(on(runner, transport={"duplicates": "charge"}, chaos={"name": "dup", "duplicate_p": 0.25}), tmp_path)
+    t, c = s["transport"], s["chaos"]
+    assert t["duplicates_detected"] == c["duplicated"] > 0
+    assert 0 < t["duplicate_steps_admitted"] <= 16 * c["duplicated"]  # charged (some may still be queued at the end)
+    assert t["admitted"] <= t["produced"] and sum(t["coverage"].values()) <= t["produced"]
+    assert balanced(t) and t["misattributed"] == 0
+
+
 def test_sync_runner_with_faults_is_reproducible(tmp_path):
     a = run(cfg_of(runner={"name": "sync"}, chaos={"name": "transit", **TRANSIT}, seed=5), tmp_path / "a")
     b = run(cfg_of(runner={"name": "sync"}, chaos={"name": "transit", **TRANSIT}, seed=5), tmp_path / "b")
@@ -339,6 +372,19 @@ def test_successors_need_proof_of_adjacency(tagged_fragments):
     # an episode id that does not follow from the dones breaks the chain too
     wrong_ep = dataclasses.replace(frags[4], id=dataclasses.replace(frags[4].id, episode_id=frags[4].id.episode_id + 1))
     assert successors([frags[0], wrong_ep]).tolist() == [-1, -1]
+
+
+def test_successors_never_join_across_a_time_gap(tagged_fragments):
+    _, _, frags = tagged_fragments
+    # the next fragment of frags[0]'s stream (same incarnation, env instance, actor, and the episode id its dones
+    # lead to) but one rollout late: the rollout in between was lost, so nothing in the batch continues frags[0]
+    gapped = _shift(frags[4], 16)
+    assert gapped.id.t_start == frags[0].id.t_end + 1 + 16 and gapped.id.episode_id == frags[4].id.episode_id
+    assert successors([frags[0], frags[4]]).tolist() == [1, -1]  # without the gap it is joined
+    assert successors([frags[0], gapped]).tolist() == [-1, -1]
+    assert successors([gapped, frags[0]]).tolist() == [-1, -1]
+    # among the other envs' fragments, whose adjacent successors are still joined
+    assert successors(frags[:4] + [gapped] + frags[5:]).tolist() == [-1, 5, 6, 7, -1, -1, -1, -1]
 
 
 @pytest.mark.parametrize("estimator", ["gae", "vtrace"])
