@@ -63,22 +63,31 @@ def test_a_bundle_carries_each_kind_of_message_in_order_and_bad_bundles_are_refu
 
 
 def test_a_throttled_actor_waits_on_the_bell_and_clears_the_rings_that_piled_up():
+    from laglab.lifetime import Bell, Lifeline
     from laglab.runners.process_actor import _Loop
-    bell = mp.get_context("spawn").Semaphore(0)
+    ctx = mp.get_context("spawn")
+    bell, life = Bell(ctx), Lifeline(ctx)
     loop = _Loop.__new__(_Loop)
-    loop.bell, loop.idle_s = bell, 30.0
+    loop.bell, loop.lifeline, loop.idle_s = bell, life, 30.0
     for _ in range(5):  # five updates published while the actor was busy
-        bell.release()
+        bell.ring()
     t0 = time.monotonic()
     loop.wait_for_news()
     assert time.monotonic() - t0 < 20  # it did not wait out idle_s: there was news
-    assert not bell.acquire(False)  # and the next wait blocks until the next ring, instead of spinning 4 times
-    bell.release()
+    assert not bell.clear()  # and the next wait blocks until the next ring, instead of spinning 4 times
+    bell.ring()
     loop.wait_for_news()
-    assert not bell.acquire(False)
+    assert not bell.clear()
+    for _ in range(100_000):  # rings never block the learner, however many pile up (a full pipe has rung)
+        bell.ring()
+    assert bell.clear() and not bell.clear()
+    assert not life.gone()
+    life._learner_end.close()  # what the kernel does when the learner exits
+    t0 = time.monotonic()
+    loop.wait_for_news()  # a wait ends at the learner's death, not at idle_s
+    assert time.monotonic() - t0 < 20 and life.gone()
 
 
-# ---- shared memory -----------------------------------------------------------------------------------------
 def test_slots_round_trip_a_fragment_and_are_free_again_after_reading(tmp_path):
     from test_protocol import Actor, Learner
 

@@ -111,12 +111,20 @@ class Learner:
         self.consumed: Dict[int, int] = collections.defaultdict(int)  # incarnation -> watermark (see take)
         self.trained_steps = 0
         self.next_incarnation = 1  # carried by checkpoints, so a resumed run never reuses an incarnation
+        self.incarnation_mark: Optional[Path] = None  # where each allocation is recorded (see allocate_incarnation)
         self.gen = torch.Generator().manual_seed(int(cfg.seed) + 7919)
 
     def allocate_incarnation(self) -> int:
-        """The next actor incarnation number of this run (continued across resumes)."""
+        """The next actor incarnation number of this run (continued across resumes). With ``incarnation_mark``
+        set, the high-water mark is written there before the number is used, so a run resumed after a crash
+        continues past every incarnation the dead run handed out after its last checkpoint."""
         inc = self.next_incarnation
         self.next_incarnation += 1
+        if self.incarnation_mark is not None:
+            self.incarnation_mark.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.incarnation_mark.with_suffix(".tmp")
+            tmp.write_text(f"{self.next_incarnation}\n")
+            os.replace(tmp, self.incarnation_mark)
         return inc
 
     # ---- publication -------------------------------------------------------------------------------
@@ -361,9 +369,20 @@ class Learner:
         self.version = int(state["version"])
         self.updates = int(state["updates"])
         self.trained_steps = int(state["trained_steps"])
-        self.next_incarnation = int(state["next_incarnation"])
+        self.next_incarnation = max(int(state["next_incarnation"]), read_incarnation_mark(Path(path).parent))
         self.gen.set_state(state["rng"])
         return int(state.get("env_steps", 0))
+
+
+INCARNATION_MARK = "incarnations"  # beside a run's checkpoints: the next incarnation number it would hand out
+
+
+def read_incarnation_mark(checkpoint_dir: Path) -> int:
+    """The incarnation high-water mark a run left beside its checkpoints (0 if none)."""
+    try:
+        return int((Path(checkpoint_dir) / INCARNATION_MARK).read_text().strip())
+    except (OSError, ValueError):
+        return 0
 
 
 def read_checkpoint(path: Path, cfg: Config, spec: EnvSpec, purpose: str = "resume") -> Dict[str, Any]:

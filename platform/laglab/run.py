@@ -15,7 +15,8 @@ from omegaconf import OmegaConf
 from .config import Config, ConfigError
 from .envs import EnvSpec, make_env
 from .accounting import Budget
-from .learner import Learner, read_checkpoint
+from .learner import INCARNATION_MARK, Learner, read_checkpoint
+from .shm import sweep_stale
 from . import runners
 from .tracking import Tracker
 
@@ -79,12 +80,19 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
     """Train once; ``resolved_config`` is what W&B records as the run's config (default: ``cfg``),
     ``group`` the W&B group when the config names none (train.py passes the sweep dir in a multirun)."""
     run_dir = Path(run_dir)
+    stale = sweep_stale()
+    if stale:
+        pids = sorted({n.split("-")[1] for n in stale})
+        log.info("laglab: removed %d shared-memory segment(s) left in /dev/shm by killed runs (pid %s)", len(stale),
+                 ", ".join(pids))
     torch.set_num_threads(cfg.runner.torch_threads)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     spec = env_spec(cfg)
     learner = Learner(cfg, spec)
+    if cfg.learner.checkpoint or cfg.learner.checkpoint_every:
+        learner.incarnation_mark = run_dir / "checkpoints" / INCARNATION_MARK
     used = 0
     if cfg.resume:
         ck = resume_checkpoint(cfg.resume)

@@ -4,10 +4,15 @@ say which slot holds what cross a pipe as fixed-layout bytes (:mod:`laglab.wire`
 
 Segments are created by the learner process, named ``laglab-<pid>-<token>-<what>``, and unlinked by it on
 every exit path. Children are started by multiprocessing and share the learner's resource tracker, so their
-attachments are no-ops there; if the learner is killed outright, the tracker unlinks what it created.
+attachments are no-ops there; if the learner is killed outright, its children follow it (:mod:`laglab.lifetime`)
+and the tracker then unlinks what the learner created. If the whole process group is SIGKILLed, the tracker
+dies too: :func:`sweep_stale` (run at every start) removes segments whose creating process is gone and that no
+process maps. Nothing else is named: the runner uses no POSIX semaphores.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import secrets
 import time
@@ -62,6 +67,59 @@ def leftover_segments(pid: Optional[int] = None) -> List[str]:
         return []
     want = f"{PREFIX}{pid}-" if pid is not None else PREFIX
     return sorted(n for n in names if n.startswith(want))
+
+
+def _creator(name: str) -> Optional[int]:
+    try:
+        return int(name[len(PREFIX):].split("-", 1)[0])
+    except ValueError:
+        return None
+
+
+def _running(pid: int) -> bool:
+    """Is ``pid`` a process that has not exited (a zombie has: it holds no memory and no files)?"""
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _mapped() -> set:
+    """Names of laglab segments some process we can see has mapped."""
+    out = set()
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/maps") as f:
+                for line in f:
+                    i = line.find("/dev/shm/" + PREFIX)
+                    if i >= 0:
+                        out.add(line[i + 9:].split()[0])
+        except OSError:
+            continue
+    return out
+
+
+def sweep_stale() -> List[str]:
+    """Unlink the laglab segments that a run killed with its whole process group left behind: those whose
+    creating process has exited and that no process maps (a live run's segments are mapped by its learner and
+    actors). Returns the names removed."""
+    cands = [n for n in leftover_segments() if (pid := _creator(n)) is not None and not _running(pid)]
+    if not cands:
+        return []
+    mapped = _mapped()
+    removed = []
+    for n in cands:
+        if n in mapped:
+            continue
+        try:
+            os.unlink(os.path.join("/dev/shm", n))
+            removed.append(n)
+        except (FileNotFoundError, PermissionError):
+            pass
+    return removed
 
 
 # ---- fragment slots -----------------------------------------------------------------------------------------
@@ -244,7 +302,7 @@ class StatusBlock:
     Read by the learner for per-actor stats and liveness; chaos counts are read once the process is gone."""
 
     FIELDS = ("beat", "steps", "rollouts", "episodes", "env_s", "infer_s", "throttle_s", "blocked_s", "version",
-              "loads", "snapshot_s", "incarnation", "reserved", "torch_loaded",
+              "loads", "snapshot_s", "incarnation", "torch_loaded",
               "duplicated", "reordered", "delayed", "dropped_steps", "kills", "hangs", "lost_held_steps",
               "corrupted_nan", "corrupted_shape", "corrupted_prob", "corrupted_schema",
               "corrupted_steps_nan", "corrupted_steps_shape", "corrupted_steps_prob", "corrupted_steps_schema")
@@ -274,19 +332,42 @@ class StatusBlock:
 
 
 class SharedCounter:
-    """The run's env-step budget shared by processes (``reserve`` / ``release`` under a cross-process lock),
-    plus the stop flag the learner raises at shutdown: int64 [total, used, stop]."""
+    """The run's env-step budget shared by processes, plus the stop flag the learner raises at shutdown.
 
-    def __init__(self, name: str, create_new: bool, lock, total: int = 0, used: int = 0):
-        self.shm = create(name, 24) if create_new else attach(name)
+    int64 words: [total, base, stop, reserved_0 .. reserved_{A-1}]. ``used`` is ``base`` plus every actor slot's
+    reservations, so a reservation is one aligned word written last (``reserved_a += n``), under an advisory
+    ``flock`` of the segment that the kernel releases when its holder dies: a SIGKILL at any instant either
+    reserved a whole rollout or nothing, and never leaves the lock held. The learner reads a slot's word when an
+    incarnation starts and again when it is gone, and gives back what the incarnation reserved and never
+    reported (:meth:`release`); a child that gives back a rollout itself lowers the same word, so nothing is
+    released twice."""
+
+    HEAD = 3
+
+    def __init__(self, name: str, create_new: bool, actors: int, total: int = 0, used: int = 0):
+        self.shm = create(name, (self.HEAD + actors) * 8) if create_new else attach(name)
         self.name = name
-        self.v = np.ndarray((3,), np.int64, self.shm.buf, 0)
-        self.lock = lock
+        self.v = np.ndarray((self.HEAD + actors,), np.int64, self.shm.buf, 0)
+        self.r = self.v[self.HEAD:]
         if create_new:
-            self.v[0], self.v[1], self.v[2] = total, used, 0
+            self.v[:] = 0
+            self.v[0], self.v[1] = total, used
+
+    @contextlib.contextmanager
+    def _locked(self):
+        fd = self.shm._fd  # this process's own open of the segment: flock is per open file description
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
 
     def stop(self) -> None:
         self.v[2] = 1
+
+    @property
+    def stopped(self) -> bool:
+        return int(self.v[2]) != 0
 
     @property
     def total(self) -> int:
@@ -294,22 +375,26 @@ class SharedCounter:
 
     @property
     def used(self) -> int:
-        return int(self.v[1])
+        return int(self.v[1]) + int(self.r.sum())
 
-    def reserve(self, n: int) -> bool:
-        with self.lock:
-            if self.v[1] + n > self.v[0]:
+    def reserved(self, actor: int) -> int:
+        """Steps actor slot ``actor`` has reserved over all its incarnations (less what was given back)."""
+        return int(self.r[actor])
+
+    def reserve(self, actor: int, n: int) -> bool:
+        with self._locked():
+            if self.used + n > self.total:
                 return False
-            self.v[1] += n
+            self.r[actor] += n  # the one word that makes the reservation
             return True
 
     def has_room(self, n: int) -> bool:
-        return int(self.v[1]) + n <= int(self.v[0])
+        return self.used + n <= self.total
 
-    def release(self, n: int) -> None:
-        with self.lock:
-            self.v[1] -= n
+    def release(self, actor: int, n: int) -> None:
+        with self._locked():
+            self.r[actor] -= n
 
     def close(self, unlink: bool) -> None:
-        self.v = None
+        self.v = self.r = None
         release(self.shm, unlink)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import platform as stdlib_platform
 import shutil
 import threading
 import time
@@ -26,13 +27,14 @@ import numpy as np
 
 from .. import wire
 from ..accounting import Budget, Ledger
-from ..actor import ActorStats, Episode
+from ..actor import ActorStats, Episode, steps_per_rollout
 from ..admission import Admission
 from ..chaos import CORRUPTIONS, ChaosCounts
 from ..config import Config, ConfigError
 from ..envs import EnvSpec
 from ..inference import SnapshotCodec
 from ..learner import Learner, batch_fragments
+from ..lifetime import Bell, Lifeline
 from ..policy import Snapshot
 from ..shm import FragmentLayout, SeqBlock, SharedCounter, SlotPool, StatusBlock, new_token, segment_name
 from ..tracking import Tracker
@@ -40,9 +42,13 @@ from ..transport import FragmentQueue
 from . import process_actor
 from .driver import LearnerDriver, serve
 from .endpoint import arrive_at_queue
-from .supervisor import ActorFailed, RestartIntensity
+from .supervisor import STOP, ActorFailed, RestartIntensity
 
 __all__ = ["run", "ActorFailed", "slots_per_actor", "check_fits"]
+
+# Architectures whose hardware keeps stores in order as other cores see them (total store order). The seqlock and
+# the slot hand-off rely on it: numpy offers no memory barriers.
+TSO_MACHINES = ("x86_64", "amd64", "i386", "i686")
 
 
 def slots_per_actor(cfg: Config) -> int:
@@ -55,7 +61,12 @@ def slots_per_actor(cfg: Config) -> int:
 
 
 def check_fits(cfg: Config, spec: EnvSpec) -> None:
-    """Refuse, before any process starts, a slot pool that cannot work or does not fit in /dev/shm."""
+    """Refuse, before any process starts, a machine whose memory ordering the shared-memory protocol does not
+    support, and a slot pool that cannot work or does not fit in /dev/shm."""
+    machine = stdlib_platform.machine()
+    if machine.lower() not in TSO_MACHINES:
+        raise ConfigError(f"invalid config: runner=process; allowed on x86-64 only (this machine is {machine}): its "
+                          "shared-memory seqlock relies on x86's store ordering. Use runner=thread or runner=ray")
     per = slots_per_actor(cfg)
     E = cfg.actor.envs_per_actor
     if per < E:
@@ -78,9 +89,11 @@ def check_fits(cfg: Config, spec: EnvSpec) -> None:
 class _Child:
     """One life of an actor slot as the learner sees it."""
 
-    def __init__(self, actor_id: int, inc: int, proc, conn, bell):
+    def __init__(self, actor_id: int, inc: int, proc, conn, bell: Bell, reserved0: int):
         self.actor_id, self.inc, self.proc, self.conn = actor_id, inc, proc, conn
-        self.bell = bell  # a semaphore the learner releases when there is news (credit, stop): the child waits on it
+        self.bell = bell  # rung when there is news (credit, stop): the child waits on it
+        self.reserved0 = reserved0  # the slot's budget word when this life began
+        self.exitcode: Optional[int] = None
         self.books = (0, 0, 0)  # last reported: produced, in_hand, link
         self.started = False
         self.done = False
@@ -121,26 +134,34 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
         made.append(credits)
         status = StatusBlock(A, names.status, True)
         made.append(status)
-        counter = SharedCounter(names.budget, True, ctx.Lock(), budget.total, budget.used)
+        counter = SharedCounter(names.budget, True, A, budget.total, budget.used)
         made.append(counter)
+        lifeline = Lifeline(ctx)
+        made.append(lifeline)
         return _Runner(cfg, learner, tracker, spec, budget, run_dir, ctx, names, shapes, per, pool, snap_block,
-                       credits, status, counter, codec).run()
+                       credits, status, counter, codec, lifeline).run()
     finally:
         for res in made:
             if isinstance(res, SharedCounter):
                 budget.used = res.used
-            res.close(unlink=True)
+            if isinstance(res, Lifeline):
+                res.close()
+            else:
+                res.close(unlink=True)
 
 
 class _Runner:
     def __init__(self, cfg, learner, tracker, spec, budget, run_dir, ctx, names, shapes, per, pool, snap_block,
-                 credits, status, counter, codec):
+                 credits, status, counter, codec, lifeline):
         self.cfg, self.learner, self.tracker, self.spec = cfg, learner, tracker, spec
+        self.lifeline = lifeline
+        self.log_path = str(run_dir / "actors.log")
         self.ctx, self.names, self.shapes, self.per = ctx, names, shapes, per
         self.pool, self.snap_block, self.credits, self.status, self.counter = pool, snap_block, credits, status, counter
         self.codec = codec
         self.poll = cfg.runner.poll_s
         T = cfg.actor.rollout_len
+        self.per_rollout = steps_per_rollout(cfg)
         self.ledger = Ledger(T, cfg.actor.envs_per_actor, cfg.transport.dedup_window, learner.allocate_incarnation)
         self.admission = Admission(spec, cfg.actors, cfg.actor.envs_per_actor, cfg.transport.duplicates, T)
         self.queue = FragmentQueue(cfg.transport.capacity, cfg.transport.max_bytes, cfg.transport.policy,
@@ -148,7 +169,7 @@ class _Runner:
                                    self.ledger.book(bucket, reason, f.length) if first is True else None)
         self.intensity = RestartIntensity(cfg.runner.actors_max_restarts, cfg.runner.restart_window_s)
         self.slots = [_Slot(i) for i in range(cfg.actors)]
-        self.children: List[_Child] = []
+        self.children: List[_Child] = []  # lives not yet finalized (a finalized one has released everything)
         self.by_conn: Dict[Any, _Child] = {}
         self.conn_lock = threading.Lock()
         self.chaos = ChaosCounts()
@@ -182,11 +203,12 @@ class _Runner:
         """Wake every live child waiting for news (after the news is published, so no wake-up is lost)."""
         for s in self.slots:
             if s.child is not None:
-                s.child.bell.release()
+                s.child.bell.ring()
 
     # ---- readings ---------------------------------------------------------------------------------------------
     def link_steps(self) -> int:
-        return sum(c.books[2] for c in self.children if not c.finalized.is_set())
+        with self.conn_lock:
+            return sum(c.books[2] for c in self.children if not c.finalized.is_set())
 
     def gauges(self) -> Dict[str, float]:
         return {"transport/queue_depth": float(self.queue.depth), "transport/queue_bytes": float(self.queue.bytes),
@@ -208,26 +230,30 @@ class _Runner:
     # ---- children ---------------------------------------------------------------------------------------------
     def start(self, slot: _Slot) -> None:
         inc = self.ledger.new_incarnation(slot.actor_id)
+        reserved0 = self.counter.reserved(slot.actor_id)  # (before the child can reserve anything)
         r, w = self.ctx.Pipe(duplex=False)
-        bell = self.ctx.Semaphore(0)
+        bell = Bell(self.ctx)
         proc = self.ctx.Process(target=process_actor.main, name=f"laglab-actor-{slot.actor_id}",
                                 args=(self.cfg, slot.actor_id, inc, self.names, self.shapes, self.spec.obs_shape,
-                                      self.per, w, self.counter.lock, bell, os.getpid()), daemon=True)
+                                      self.per, w, bell.wait_end, self.lifeline.child_end, self.log_path),
+                                daemon=True)
         saved = {v: os.environ.get(v) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
         try:
             os.environ.update({v: "1" for v in saved})  # one BLAS thread in the child
             proc.start()
         except BaseException:
             r.close()
+            bell.close_ring_end()
             raise
         finally:
             w.close()  # the child holds the only write end: its exit is our EOF
+            bell.close_wait_end()  # and the only end it waits on
             for v, old in saved.items():
                 if old is None:
                     os.environ.pop(v, None)
                 else:
                     os.environ[v] = old
-        child = _Child(slot.actor_id, inc, proc, r, bell)
+        child = _Child(slot.actor_id, inc, proc, r, bell, reserved0)
         with self.conn_lock:
             self.children.append(child)
             self.by_conn[r] = child
@@ -276,7 +302,8 @@ class _Runner:
 
     def finalize(self, child: _Child) -> None:
         """The child's pipe is drained (EOF): book what died with it, release the budget it reserved and never
-        reported, reclaim its slots (once it is surely gone), merge its chaos counts."""
+        reported, reclaim its slots (once it is surely gone), merge its chaos counts, and release what this life
+        held (its process handle and bell: a run with thousands of restarts holds only its live children's)."""
         child.proc.join(timeout=5)
         if child.proc.is_alive():
             child.proc.kill()
@@ -288,11 +315,11 @@ class _Runner:
             led.unsent(child.books[1], reason)
             child.books = (child.books[0], 0, 0)  # what was on its link is gone: detected as lost in transit
             self.reclaimed += self.pool.reclaim(child.actor_id)
+        unreported = self.counter.reserved(child.actor_id) - child.reserved0 - child.books[0]
+        if unreported > 0:
+            self.counter.release(child.actor_id, unreported)  # reserved for a rollout that never reached us
         r = self.status.row(child.actor_id)
         if int(r["incarnation"]) == child.inc:
-            unreported = int(r["reserved"]) - child.books[0]
-            if unreported > 0:
-                self.counter.release(unreported)  # reserved for a rollout that never reached us
             c = ChaosCounts(duplicated=int(r["duplicated"]), reordered=int(r["reordered"]), delayed=int(r["delayed"]),
                             dropped_steps=int(r["dropped_steps"]), kills=int(r["kills"]), hangs=int(r["hangs"]))
             for k in CORRUPTIONS:
@@ -301,6 +328,12 @@ class _Runner:
                     c.corrupted_steps[k] = int(r[f"corrupted_steps_{k}"])
             c.lost_held_steps = int(r["lost_held_steps"])
             self.chaos.merge(c)
+        child.exitcode = child.proc.exitcode
+        if not child.proc.is_alive():
+            child.proc.close()
+        child.bell.close_ring_end()
+        with self.conn_lock:
+            self.children.remove(child)
         child.finalized.set()
 
     def receive(self) -> None:
@@ -351,12 +384,18 @@ class _Runner:
                 continue
             if c.finalized.is_set():
                 if c.done:
+                    if self.counter.has_room(self.per_rollout) and not STOP.is_set():
+                        # it stopped while there is budget and nobody asked the run to stop: somebody sent it a
+                        # SIGTERM. Its books say shutdown; the slot goes on with a new life (not a failure)
+                        slot.child = None
+                        slot.start_at = now + rc.restart_backoff_s
+                        continue
                     slot.finished = True
                     continue
                 if not c.started:
-                    raise ActorFailed(f"actor {slot.actor_id} could not start (exit code {c.proc.exitcode}):\n"
+                    raise ActorFailed(f"actor {slot.actor_id} could not start (exit code {c.exitcode}):\n"
                                       f"{c.error or 'no error text'}")
-                why = c.error or ("abandoned: no heartbeat" if c.abandoned else f"exit code {c.proc.exitcode}")
+                why = c.error or ("abandoned: no heartbeat" if c.abandoned else f"exit code {c.exitcode}")
                 self.intensity.record(slot.actor_id, why)
                 slot.child = None
                 slot.start_at = now + rc.restart_backoff_s
@@ -398,12 +437,16 @@ class _Runner:
             with self.ledger.lock:
                 self.queue.close()
             deadline = time.monotonic() + 10
-            for c in self.children:
-                c.proc.join(timeout=max(0.0, deadline - time.monotonic()))
-            for c in self.children:
-                if c.proc.is_alive():
-                    self.kill(c)
-                    c.proc.join(timeout=5)
+            with self.conn_lock:
+                live = list(self.children)
+            for c in live:
+                try:
+                    c.proc.join(timeout=max(0.0, deadline - time.monotonic()))
+                    if c.proc.is_alive():
+                        self.kill(c)
+                        c.proc.join(timeout=5)
+                except ValueError:  # finalized (and closed) meanwhile
+                    pass
             receiver.join(timeout=30)
         bal = self.driver.close()
         chaos = self.chaos.as_dict()

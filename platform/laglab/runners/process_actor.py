@@ -20,6 +20,7 @@ SLOT_CORRUPTIONS = tuple(k for k in CORRUPTIONS if k != "shape")  # a slot has t
 from ..config import Config
 from ..fragment import Fragment
 from ..inference import SnapshotCodec
+from ..lifetime import Bell, Lifeline, die_with_parent
 from ..shm import FragmentLayout, SeqBlock, SharedCounter, SlotPool, StatusBlock
 
 
@@ -57,9 +58,32 @@ class _Books:
         return self.produced, self.in_hand, self.link()
 
 
-def main(cfg: Config, actor_id: int, inc: int, names: Names, shapes, obs_shape, per_actor: int, conn, lock,
-         bell, parent_pid: int) -> None:
+_TERM: List[int] = []  # a SIGTERM arrived: stop at the next safe point, like a stop from the learner
+
+
+def _redirect_output(log_path: Optional[str]) -> None:
+    """Stdout and stderr go to the run's actor log, not to whatever the learner's caller gave it: a caller
+    reading our output through a pipe (``subprocess.run(..., capture_output=True)``) must see EOF once the
+    learner is gone, and third-party noise (env warnings) must not break the learner's console."""
+    try:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if log_path else \
+            os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        fd = os.open(os.devnull, os.O_WRONLY)
+    for std in (1, 2):
+        os.dup2(fd, std)
+    os.close(fd)
+
+
+def main(cfg: Config, actor_id: int, inc: int, names: Names, shapes, obs_shape, per_actor: int, conn,
+         bell_end, life_end, log_path: Optional[str] = None) -> None:
+    die_with_parent()  # SIGKILL from the kernel when our parent exits, wherever we are
+    lifeline = Lifeline(child_end=life_end)
+    if lifeline.gone():  # the parent died before we asked
+        os._exit(0)
+    _redirect_output(log_path)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the learner's to handle; it stops us
+    signal.signal(signal.SIGTERM, lambda *_: _TERM.append(1))  # a group SIGTERM: stop as at shutdown
     if cfg.runner.actor_nice:
         try:
             os.nice(cfg.runner.actor_nice)  # the learner is the bottleneck it must not wait for a core
@@ -73,7 +97,7 @@ def main(cfg: Config, actor_id: int, inc: int, names: Names, shapes, obs_shape, 
         snap_block = SeqBlock(SnapshotCodec(shapes, obs_shape).size, "float32", names.snapshot, create_new=False)
         credits = SeqBlock(2 * cfg.actors, "int64", names.credits, create_new=False)
         status = StatusBlock(cfg.actors, names.status, create_new=False)
-        budget = SharedCounter(names.budget, create_new=False, lock=lock)
+        budget = SharedCounter(names.budget, create_new=False, actors=cfg.actors)
         codec = SnapshotCodec(shapes, obs_shape)
         ch = ChaosChannel(cfg.chaos, cfg.seed, actor_id, inc, SLOT_CORRUPTIONS)
         books = _Books(ch)
@@ -85,37 +109,28 @@ def main(cfg: Config, actor_id: int, inc: int, names: Names, shapes, obs_shape, 
             conn.send_bytes(wire.error(inc, (0, 0, 0), traceback.format_exc()))
         finally:
             os._exit(1)
-    _Loop(cfg, actor_id, inc, actor, pool, snap_block, credits, status, budget, codec, ch, books, conn, bell,
-          parent_pid).run()
+    _Loop(cfg, actor_id, inc, actor, pool, snap_block, credits, status, budget, codec, ch, books, conn,
+          Bell(wait_end=bell_end), lifeline).run()
 
 
 class _Loop:
     def __init__(self, cfg, actor_id, inc, actor, pool, snap_block, credits, status, budget, codec, ch, books, conn, bell,
-                 parent_pid):
+                 lifeline):
         self.cfg, self.actor_id, self.inc = cfg, actor_id, inc
         self.actor, self.pool, self.snap_block, self.credits = actor, pool, snap_block, credits
         self.status, self.budget, self.codec, self.ch, self.books = status, budget, codec, ch, books
-        self.conn, self.bell, self.parent_pid = conn, bell, parent_pid
+        self.conn, self.bell, self.lifeline = conn, bell, lifeline
         self.version = -1
         self.snapshot_s = 0.0
         self.poll = min(0.002, cfg.runner.poll_s)
         self.idle_s = max(self.poll, cfg.runner.poll_s)  # longest wait for the bell (beats and checks in between)
-        self.reserved = 0
         self.out: List[bytes] = []  # messages not yet sent (see flush)
         actor.heartbeat = self.beat
 
     # ---- liveness -------------------------------------------------------------------------------------------
-    def learner_alive(self) -> bool:
-        try:
-            os.kill(self.parent_pid, 0)  # (the learner's pid: under forkserver it is not our parent)
-            return True
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-
     def stopping(self) -> bool:
-        return self.budget.v[2] != 0 or not self.learner_alive()
+        """The learner asked us to stop, a SIGTERM came, or the learner is gone (reaped or not)."""
+        return self.budget.stopped or bool(_TERM) or self.lifeline.gone()
 
     def beat(self) -> None:
         self.status.set(self.actor_id, beat=time.monotonic())
@@ -132,11 +147,10 @@ class _Loop:
         self.status.set(self.actor_id, **row)
 
     def wait_for_news(self) -> None:
-        """Block until the learner rings (new credit, or stop) or ``idle_s`` passes; then clear the rings that
-        piled up, so each wait re-reads the state once. No sleep-polling: a throttled actor costs no CPU."""
-        if self.bell.acquire(timeout=self.idle_s):
-            while self.bell.acquire(False):
-                pass
+        """Block until the learner rings (new credit, or stop), the learner dies or ``idle_s`` passes; then clear
+        the rings that piled up, so each wait re-reads the state once. No sleep-polling: a throttled actor costs
+        no CPU."""
+        self.bell.wait(self.idle_s, self.lifeline)
 
     # ---- snapshots and credit -----------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -199,8 +213,7 @@ class _Loop:
         try:
             while not self.stopping():
                 self.beat()
-                while self.bell.acquire(False):  # rings for news this iteration reads anyway (bounds the count)
-                    pass
+                self.bell.clear()  # rings for news this iteration reads anyway
                 self.refresh()
                 pause, _ = throttle_state(books.produced, self.credit(), self.inc, max_lead)
                 if pause and self.budget.has_room(per_rollout):
@@ -214,16 +227,12 @@ class _Loop:
                         pause, _ = throttle_state(books.produced, self.credit(), self.inc, max_lead)
                     actor.stats.throttle_s += time.perf_counter() - t0
                     continue
-                if not self.budget.reserve(per_rollout):
-                    break
-                self.reserved += per_rollout  # (released by the learner if this process dies before reporting)
-                self.status.set(self.actor_id, reserved=self.reserved)
+                if not self.budget.reserve(self.actor_id, per_rollout):  # (given back by the learner if this
+                    break                                              # process dies before reporting it)
                 try:
                     ro = actor.collect()
                 except BaseException:
-                    self.budget.release(per_rollout)
-                    self.reserved -= per_rollout
-                    self.status.set(self.actor_id, reserved=self.reserved)
+                    self.budget.release(self.actor_id, per_rollout)
                     raise
                 books.produced += ro.steps
                 books.in_hand += ro.steps

@@ -144,7 +144,8 @@ class _Runner:
                                    self.ledger.book(bucket, reason, f.length) if first is True else None)
         self.intensity = RestartIntensity(cfg.runner.actors_max_restarts, cfg.runner.restart_window_s)
         self.slots = [_Slot(i) for i in range(cfg.actors)]
-        self.workers: List[_Worker] = []
+        self.workers: List[_Worker] = []  # lives not yet let go (a restarted slot's dead life is dropped)
+        self.nodes: set = set()  # every Ray node an actor ran on
         self.lock = threading.RLock()  # the workers' call bookkeeping (learner and receiver threads)
         self.chaos = ChaosCounts()
         self.malformed = 0
@@ -205,7 +206,7 @@ class _Runner:
 
     # ---- readings ---------------------------------------------------------------------------------------------
     def link_steps(self) -> int:
-        return self.ledger.link_steps(f for w in self.workers if not w.finalized for f in w.link)
+        return self.ledger.link_steps(f for w in list(self.workers) if not w.finalized for f in w.link)
 
     def gauges(self) -> Dict[str, float]:
         with self.lock:
@@ -294,6 +295,7 @@ class _Runner:
         if kind == "ready":
             w.started = True
             w.node = str(res)
+            self.nodes.add(w.node)
             return
         if not self.take(w, res):  # a worker that reports nonsense is replaced; the call never produced
             if steps:
@@ -361,6 +363,8 @@ class _Runner:
                     raise ActorFailed(f"actor {slot.actor_id} could not start on Ray:\n{w.error or 'no error text'}")
                 self.intensity.record(slot.actor_id, w.error or "died")
                 slot.worker = None
+                with self.lock:
+                    _drop(self.workers, w)  # its books are closed: let go of its handle (Ray frees the actor)
                 slot.start_at = now + rc.restart_backoff_s
                 continue
             with self.lock:
@@ -482,7 +486,7 @@ class _Runner:
                       "blocked_s": self.queue.stats.blocked_s, "capacity": self.queue.capacity,
                       "max_bytes_bound": self.queue.max_bytes, "malformed_results": self.malformed,
                       "calls": self.calls, "bytes_received": self.bytes_in,
-                      "ray_nodes": sorted({w.node for w in self.workers if w.node})}
+                      "ray_nodes": sorted(self.nodes)}
         out = self.driver.summary(bal, self.intensity.total, chaos, {"queue": queue_info})
         out.update({"actor_stats": self.actor_stats(), "env_steps": self.budget.used})
         return out

@@ -1,0 +1,108 @@
+"""How the process runner's children stay tied to the learner's life, and how they are woken, with nothing named
+that a dead run could leave behind.
+
+- **Lifeline.** One pipe per run: the learner holds its only write end and never writes; every child holds the
+  read end. The kernel closes the write end the moment the learner exits, however it exits and whether or not
+  anybody reaps it (a zombie holds no files; ``kill(pid, 0)`` would still call it alive). From then on the read
+  end is readable (EOF) and :meth:`Lifeline.gone` is True. Children check it wherever they wait.
+- **Parent-death signal** (Linux ``PR_SET_PDEATHSIG``): a child asks the kernel for SIGKILL when its parent goes,
+  so a child busy where it does not look at the lifeline (inside ``env.step``) goes too. Under ``forkserver`` the
+  parent is the fork server, which exits when the learner does. A parent that died before the request is caught
+  by looking at the lifeline right after it.
+- **Bell.** A doorbell per child is a pipe, not a POSIX semaphore (multiprocessing names those ``sem.mp-*`` in
+  /dev/shm, and a SIGKILLed process group leaves them there for good). The learner writes a byte without
+  blocking (a full pipe has rung already); the child waits on its bell and the lifeline together, then empties
+  the bell, so each wait re-reads the shared state once.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from multiprocessing.connection import wait as wait_conns
+from typing import Optional
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> bool:
+    """Ask the kernel to send ``sig`` to this process when its parent exits (Linux); False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+class Lifeline:
+    """Learner side: ``Lifeline(ctx)``; pass ``.child_end`` to each child; ``close()`` at the very end of the run
+    (children see it as the learner's death, which by then is what it is to them). Child side: ``gone()``."""
+
+    def __init__(self, ctx=None, child_end=None):
+        self.child_end = child_end
+        self._learner_end = None
+        if ctx is not None:
+            self.child_end, self._learner_end = ctx.Pipe(duplex=False)
+
+    def gone(self) -> bool:
+        """True once the learner has exited (or closed the lifeline)."""
+        try:
+            return self.child_end.poll(0)
+        except (OSError, EOFError, ValueError):
+            return True
+
+    def close(self) -> None:
+        for c in (self._learner_end, self.child_end):
+            if c is not None:
+                try:
+                    c.close()
+                except OSError:
+                    pass
+
+
+class Bell:
+    """A doorbell: ``ring()`` on the learner side, ``wait(timeout, lifeline)`` on the child side. Made by the
+    learner; the child's end travels to the child as a :class:`multiprocessing.connection.Connection`."""
+
+    def __init__(self, ctx=None, wait_end=None):
+        self.wait_end, self.ring_end = wait_end, None
+        if ctx is not None:
+            self.wait_end, self.ring_end = ctx.Pipe(duplex=False)
+            os.set_blocking(self.ring_end.fileno(), False)
+
+    def ring(self) -> None:
+        try:
+            os.write(self.ring_end.fileno(), b"\1")
+        except (BlockingIOError, BrokenPipeError, OSError, ValueError):
+            pass  # full: it rang already; broken or closed: nobody is listening any more
+
+    def wait(self, timeout: float, lifeline: Optional[Lifeline] = None) -> bool:
+        """Block until a ring, the learner's death or ``timeout``; then empty the bell. True if it rang."""
+        conns = [self.wait_end] if lifeline is None else [self.wait_end, lifeline.child_end]
+        ready = wait_conns(conns, timeout)
+        return self.clear() if self.wait_end in ready else False
+
+    def clear(self) -> bool:
+        """Empty the bell without waiting; True if it had rung."""
+        fd = self.wait_end.fileno()
+        blocking = os.get_blocking(fd)
+        os.set_blocking(fd, False)
+        rang = False
+        try:
+            while True:
+                b = os.read(fd, 4096)
+                if not b:
+                    return rang  # the learner closed its end
+                rang = True
+        except BlockingIOError:
+            return rang
+        finally:
+            os.set_blocking(fd, blocking)
+
+    def close_ring_end(self) -> None:
+        if self.ring_end is not None:
+            self.ring_end.close()
+
+    def close_wait_end(self) -> None:
+        if self.wait_end is not None:
+            self.wait_end.close()

@@ -1,0 +1,326 @@
+"""Lifetimes: nothing a run starts or names outlives it, however it dies — the learner SIGKILLed while nobody
+reaps it, the whole process group SIGKILLed (what `timeout -s KILL`, the OOM killer's cgroup kill and
+`scancel` do), hundreds of actor restarts, a SIGTERM to the whole group, a learner crash followed by resume."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from laglab.shm import leftover_segments
+
+from test_process import pcfg
+from test_protocol import balanced
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _proc_state(pid):
+    """The state letter of ``pid`` (R, S, Z, ...), or None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def _descendants(pid):
+    """Every live process below ``pid`` (children, grandchildren: forkserver actors are the server's)."""
+    parent = {}
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                parent[int(p.name)] = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError):
+                continue
+    out, todo = [], [pid]
+    while todo:
+        q = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == q]
+        out += kids
+        todo += kids
+    return out
+
+
+def _alive(pids):
+    return [p for p in pids if _proc_state(p) not in (None, "Z")]
+
+
+def _wait_gone(pids, within_s=10.0):
+    """The processes of ``pids`` still alive after ``within_s`` seconds (they exit when their learner does)."""
+    deadline = time.monotonic() + within_s
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _alive(pids)
+
+
+def _start(tmp_path, *args, **popen):
+    """train.py as a benchmark or a notebook starts it: output captured through pipes."""
+    return subprocess.Popen([sys.executable, "train.py", "runner=process", "tracking.wandb.mode=disabled",
+                             "tracking.flush_every_s=0", f"hydra.run.dir={tmp_path}", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
+
+
+def _wait_for_actors(p, run_dir, n):
+    """Until the run has written metrics (actors are producing) and ``n`` actor processes exist."""
+    deadline = time.monotonic() + 180
+    while True:
+        assert p.poll() is None, p.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the run did not start"
+        kids = _descendants(p.pid)
+        actors = [k for k in kids if b"laglab" in Path(f"/proc/{k}/cmdline").read_bytes()
+                  or b"multiprocessing" in Path(f"/proc/{k}/cmdline").read_bytes()]
+        if (run_dir / "metrics.parquet").exists() and len(actors) >= n:
+            return kids
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_actors_exit_when_the_learner_is_killed_and_nobody_reaps_it(tmp_path, start_method):
+    """The learner is SIGKILLed while its parent (this test) does not reap it: it stays a zombie, which
+    `kill(pid, 0)` calls alive. Every process below it must still exit within seconds, release the caller's
+    stdout (communicate() returns) and leave no named shared memory."""
+    p = _start(tmp_path, f"runner.start_method={start_method}", "learner.epochs=40", "total_env_steps=50000000")
+    try:
+        kids = _wait_for_actors(p, tmp_path, 4)
+        assert leftover_segments(p.pid)
+        os.kill(p.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        left = _wait_gone(kids)
+        print(f"every process below the killed learner was gone {time.monotonic() - t0:.2f} s after its death")
+        assert _proc_state(p.pid) == "Z"  # not reaped: the case kill(pid, 0) cannot tell from a live learner
+        assert not left, [(k, _proc_state(k), Path(f"/proc/{k}/cmdline").read_bytes()[:80]) for k in left]
+        p.communicate(timeout=10)  # EOF: no orphan holds the caller's stdout or stderr
+        assert not leftover_segments(p.pid)  # the resource tracker unlinked them once the last actor was gone
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def test_a_killed_process_group_leaves_segments_that_the_next_start_removes(tmp_path):
+    """`kill -9 -- -<pgid>`: learner, actors and the resource tracker die at once, and nobody unlinks anything.
+    No POSIX semaphore is left (the runner names none), and the next start removes the dead run's segments and
+    says so, while the segments of a run that is alive are kept."""
+    sems = lambda: sorted(n for n in os.listdir("/dev/shm") if n.startswith("sem."))  # noqa: E731
+    sems_before = sems()
+    live = _start(tmp_path / "live", "total_env_steps=50000000", start_new_session=True)
+    dead = _start(tmp_path / "dead", "total_env_steps=50000000", start_new_session=True)
+    try:
+        _wait_for_actors(live, tmp_path / "live", 4)
+        kids = _wait_for_actors(dead, tmp_path / "dead", 4)
+        os.killpg(dead.pid, signal.SIGKILL)
+        dead.communicate(timeout=30)
+        assert not _wait_gone(kids)
+        left = leftover_segments(dead.pid)
+        assert len(left) == 5, left  # what a group kill leaves: nobody was left to unlink
+        assert sems() == sems_before  # and no semaphore: there are none to leave
+        from laglab.shm import sweep_stale
+        removed = sweep_stale()
+        assert sorted(removed) == left and not leftover_segments(dead.pid)
+        assert len(leftover_segments(live.pid)) == 5  # a live run's segments are mapped: kept
+        # the next start says what it removed
+        os.killpg(live.pid, signal.SIGKILL)
+        live.communicate(timeout=30)
+        out = subprocess.run([sys.executable, "train.py", "runner=process", "tracking.wandb.mode=disabled",
+                              "total_env_steps=2048", f"hydra.run.dir={tmp_path / 'next'}"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert f"removed 5 shared-memory segment(s) left in /dev/shm by killed runs (pid {live.pid})" in \
+            (tmp_path / "next" / "train.log").read_text()
+        assert not leftover_segments(live.pid)
+    finally:
+        for p in (live, dead):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
+
+
+def _sample_resources(monkeypatch):
+    """Record the learner's open fds, threads and /dev/shm entries at every update."""
+    from laglab.tracking import Tracker
+    samples = []
+    log_update = Tracker.log_update
+
+    def sampled(self, *a, **kw):
+        samples.append((len(os.listdir("/proc/self/fd")), len(os.listdir("/proc/self/task")),
+                        len(leftover_segments(os.getpid()))))
+        return log_update(self, *a, **kw)
+
+    monkeypatch.setattr(Tracker, "log_update", sampled)
+    return samples
+
+
+def test_hundreds_of_restarts_hold_no_more_descriptors_than_a_few(tmp_path, monkeypatch):
+    """Every actor life dies after its first rollout (a real SIGKILL): what each life held (its pipe, its
+    process handle, its bell) is released when it is finalized, so the learner's fds, threads and /dev/shm
+    entries are as many after 300 restarts as after 30."""
+    from laglab.run import run
+    samples = _sample_resources(monkeypatch)
+    s = run(pcfg(runner={"start_method": "forkserver", "actors_max_restarts": 10**6},
+                 chaos={"name": "kill", "kill_every_steps": 64}, total_env_steps=24576), tmp_path)
+    assert s["status"] == "completed" and balanced(s["transport"])
+    assert s["actor_restarts"] >= 300, s["actor_restarts"]
+    fds, threads, shm = (np.array(x) for x in zip(*samples))
+    print(f"{s['actor_restarts']} restarts; learner fds {fds[0]} -> {fds[-1]} (max {fds.max()}), threads "
+          f"{threads[0]} -> {threads[-1]}")
+    n = len(samples)
+    early, late = slice(n // 10, n // 4), slice(3 * n // 4, n)
+    # a leak of one descriptor per life would add hundreds; a sample may catch, per slot, a life whose death is
+    # being booked and the next one starting (a pipe, a bell, a process sentinel each)
+    assert fds[late].min() <= fds[early].min() + 4, (fds[early], fds[late])  # the floor: no life in between
+    assert fds[late].max() <= fds[early].max() + 12, (fds[early], fds[late])
+    assert threads[late].max() <= threads[early].max()
+    assert shm.max() == 5  # the run's five segments, whatever restarts
+
+
+def test_a_reservation_is_whole_or_nothing_and_a_dead_holder_never_keeps_the_lock():
+    """The budget word is the reservation: a process SIGKILLed while it holds the counter's lock leaves the
+    lock free (the kernel drops a dead holder's flock), and the learner gives back exactly what a dead life
+    reserved and never reported."""
+    import multiprocessing as mp
+
+    from laglab.shm import SharedCounter, new_token, segment_name
+    name = segment_name(new_token(), "budget")
+    c = SharedCounter(name, True, actors=2, total=1000, used=100)
+    try:
+        ctx = mp.get_context("spawn")
+        r, w = ctx.Pipe(duplex=False)
+        holder = ctx.Process(target=_reserve_and_hold, args=(name, w))
+        holder.start()
+        assert r.recv() == "holding"  # it reserved 64 and holds the lock
+        holder.kill()
+        holder.join()
+        assert c.reserved(1) == 64 and c.used == 164
+        done = []
+        import threading
+        t = threading.Thread(target=lambda: done.append(c.reserve(0, 32)), daemon=True)
+        t.start()
+        t.join(10)
+        assert done == [True], "the dead holder's lock was not released"
+        c.release(1, 64 - 0)  # the learner: reserved 64 since that life began, it reported 0
+        assert c.used == 132 and c.reserved(1) == 0
+        assert not c.reserve(1, 1000 - 132 + 1) and c.reserve(1, 1000 - 132) and c.used == 1000
+    finally:
+        c.close(unlink=True)
+
+
+def _reserve_and_hold(name, conn):
+    from laglab.shm import SharedCounter
+    c = SharedCounter(name, False, actors=2)
+    assert c.reserve(1, 64)
+    with c._locked():
+        conn.send("holding")
+        time.sleep(600)
+
+
+def test_a_sigterm_to_the_whole_group_is_a_shutdown_not_actor_crashes(tmp_path):
+    """What `kill -TERM -- -<pgid>` and `scancel` do: every actor gets the SIGTERM too. The run stops at a safe
+    point, books what the actors held as shutdown, restarts nothing. (A slow learner: the signal lands during an
+    update, and the actors' ends reach the receiver long before the learner reaches a safe point.)"""
+    p = _start(tmp_path, "total_env_steps=50000000", "learner.epochs=40", start_new_session=True)
+    try:
+        kids = _wait_for_actors(p, tmp_path, 4)
+        os.killpg(p.pid, signal.SIGTERM)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["status"] == "interrupted", err[-3000:]
+    t = s["transport"]
+    assert balanced(t)
+    assert "actor_crash" not in t["dropped"] and s["actor_restarts"] == 0, (t["dropped"], s["actor_restarts"])
+    assert not _wait_gone(kids) and not leftover_segments(p.pid)
+
+
+def test_process_runner_is_refused_where_stores_are_not_kept_in_order(monkeypatch):
+    import platform
+
+    from laglab.config import ConfigError
+    from laglab.run import env_spec
+    from laglab.runners.process import check_fits
+    cfg = pcfg()
+    check_fits(cfg, env_spec(cfg))
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    with pytest.raises(ConfigError, match=r"runner=process.*x86-64.*aarch64.*runner=thread"):
+        check_fits(cfg, env_spec(cfg))
+
+
+def test_ray_lets_go_of_each_dead_actor(tmp_path, monkeypatch):
+    """runner=ray: a restarted slot's dead life is dropped (its handle, so Ray frees the actor), not kept for the
+    rest of the run."""
+    from conftest import ray_up
+    ray_up()
+    import laglab.runners.ray as R
+    from laglab.run import run
+    from test_protocol import on
+    held = []
+    supervise = R._Runner.supervise
+
+    def counted(self):
+        held.append(len(self.workers))
+        return supervise(self)
+
+    monkeypatch.setattr(R._Runner, "supervise", counted)
+    s = run(on("ray", runner={"actors_max_restarts": 10**6}, chaos={"name": "kill", "kill_every_steps": 256},
+               total_env_steps=8192), tmp_path)
+    assert s["status"] == "completed" and balanced(s["transport"])
+    assert s["actor_restarts"] >= 10, s["actor_restarts"]
+    assert max(held) <= 2 + 2, max(held)  # two live lives, and at most one per slot whose death is being booked
+
+
+def test_a_learner_crash_then_resume_admits_nothing_twice_and_repeats_no_incarnation(tmp_path):
+    """Delivery semantics across a learner crash (process runner): SIGKILL the learner mid-run, after actor
+    restarts it made since its last checkpoint; resume from that checkpoint. The dead run's actors are gone
+    before the resume starts; the resumed run starts its budget at the checkpoint's env steps, its books count
+    only what it produced, nothing is misattributed (the tagged env), and its incarnations continue past every
+    one the dead run handed out."""
+    import torch
+
+    from laglab.learner import read_incarnation_mark
+    dead_dir, new_dir = tmp_path / "dead", tmp_path / "resumed"
+    common = ["env=tagged", "actors=2", "learner.checkpoint_every=4", "chaos.kill_every_steps=1024",
+              "runner.actors_max_restarts=1000"]
+    p = _start(dead_dir, *common, "total_env_steps=50000000")
+    try:
+        kids = _wait_for_actors(p, dead_dir, 2)
+        latest = dead_dir / "checkpoints" / "latest.pt"
+        deadline = time.monotonic() + 120
+        while True:  # a checkpoint exists, and incarnations were handed out after it
+            assert time.monotonic() < deadline and p.poll() is None
+            if latest.exists():
+                ck = torch.load(latest, weights_only=True)
+                if read_incarnation_mark(latest.parent) > int(ck["next_incarnation"]):
+                    break
+            time.sleep(0.05)
+        os.kill(p.pid, signal.SIGKILL)
+        assert not _wait_gone(_descendants(p.pid) + kids)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.communicate()
+    ck = torch.load(latest, weights_only=True)
+    mark = read_incarnation_mark(latest.parent)
+    assert mark > int(ck["next_incarnation"])
+    start_steps = int(ck["env_steps"])
+    total = start_steps + 16384
+    out = subprocess.run([sys.executable, "train.py", "runner=process", "tracking.wandb.mode=disabled",
+                          f"hydra.run.dir={new_dir}", *common, f"resume={dead_dir}", f"total_env_steps={total}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    s = json.loads((new_dir / "summary.json").read_text())
+    t = s["transport"]
+    assert s["status"] == "completed" and balanced(t) and t["misattributed"] == 0
+    assert s["start_env_steps"] == start_steps and s["env_steps"] == total
+    assert t["produced"] == total - start_steps  # its books hold its own production only
+    assert t["admitted"] <= t["produced"]
+    final = torch.load(new_dir / "checkpoints" / "final.pt", weights_only=True)
+    first_new = int(final["next_incarnation"]) - (2 + s["actor_restarts"])  # it handed out one per life
+    assert first_new >= mark, (first_new, mark, int(ck["next_incarnation"]))
