@@ -180,6 +180,7 @@ def test_footer_of_a_chaos_run_shows_faults_injected_and_detected():
     assert "4 killed, 1 hung -> 5 restarts" in text and "3 learner stalls" in text
     assert "wandb sync /runs/x/wandb/offline-run-1-abc" in text
     assert "python evaluate.py /runs/x" in text and "python -m analysis.report /runs/x --out /runs/x/report" in text
+    assert "python evaluate.py '/runs/my run'" in footer(CHAOS_SUMMARY, "/runs/my run")  # commands one can paste
 
 
 def test_footer_without_chaos_or_wandb_and_of_a_failed_run():

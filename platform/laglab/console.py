@@ -19,6 +19,7 @@ import contextlib
 import logging
 import math
 import os
+import shlex
 import sys
 import threading
 import time
@@ -246,6 +247,7 @@ def footer(summary: Mapping[str, Any], run_dir: Any) -> str:
     next commands."""
     s = summary
     d = str(run_dir)
+    q = lambda p: shlex.quote(str(p))  # noqa: E731 - commands a user can paste, whatever the dir's name
     status = s.get("status", "?")
     head = f"laglab: {status}"
     what = ", ".join(str(x) for x in (s.get("env_id"), s.get("algo"), s.get("runner") and f"runner={s['runner']}",
@@ -277,8 +279,11 @@ def footer(summary: Mapping[str, Any], run_dir: Any) -> str:
                      "admitted + dropped + rejected + in flight)")
         row("", f"produced {_n(t.get('produced', 0))}, admitted {_n(t.get('admitted', 0))}, in flight "
                 f"{_n(t.get('in_flight', 0))}")
-        row("", f"dropped {_n(_total(dropped))}{_by_reason(dropped)}")
-        row("", f"rejected {_n(_total(rejected))}{_by_reason(rejected)}")
+        if _total(dropped) or _total(rejected):
+            row("", f"dropped {_n(_total(dropped))}{_by_reason(dropped)}")
+            row("", f"rejected {_n(_total(rejected))}{_by_reason(rejected)}")
+        else:
+            row("", "dropped 0, rejected 0")
     else:
         row("books", "not available (the run stopped before its runner reported them)")
     ch = s.get("chaos")
@@ -287,7 +292,7 @@ def footer(summary: Mapping[str, Any], run_dir: Any) -> str:
     wb = s.get("wandb")
     if wb:
         if wb.get("mode") == "offline":
-            row("W&B", f"offline; upload: wandb sync {wb.get('run_path') or Path(wb.get('dir', d)).parent}")
+            row("W&B", f"offline; upload: wandb sync {q(wb.get('run_path') or Path(wb.get('dir', d)).parent)}")
         else:
             url = wb.get("url")
             row("W&B", f"{wb.get('mode')}{f' ({url})' if url else ''}")
@@ -295,8 +300,8 @@ def footer(summary: Mapping[str, Any], run_dir: Any) -> str:
         row("W&B", "disabled")
     nxt = []
     if s.get("checkpoint"):
-        nxt.append(f"python evaluate.py {d}")
-    nxt.append(f"python -m analysis.report {d} --out {d}/report")
+        nxt.append(f"python evaluate.py {q(d)}")
+    nxt.append(f"python -m analysis.report {q(d)} --out {q(d + '/report')}")
     row("next", nxt[0])
     lines.extend(f"  {'':<9} {c}" for c in nxt[1:])
     return "\n".join(lines)
