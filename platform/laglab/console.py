@@ -262,7 +262,7 @@ def footer(summary: Mapping[str, Any], run_dir: Any) -> str:
         row("stopped", "interrupted (Ctrl-C or SIGTERM); everything up to the stop is written")
     total = s.get("total_env_steps")
     row("progress", f"{_n(s.get('env_steps', 0))}{f' of {_n(total)}' if total else ''} env steps, "
-                    f"{_n(s.get('updates', 0))} updates in {_f(s.get('wall_time_s'))} s ({_n(s.get('sps', 0.0))} sps)")
+                    f"{_n(s.get('updates', 0))} update{'' if s.get('updates') == 1 else 's'} in {_f(s.get('wall_time_s'))} s ({_n(s.get('sps', 0.0))} sps)")
     w = s.get("return_window", "N")
     row("return", f"final {_f(s.get('final_return_mean'))}, best {_f(s.get('best_return_mean'))} (mean return of "
                   f"the last {w} episodes: at the end, and its maximum over the run; {_n(s.get('episodes', 0))} "
