@@ -43,7 +43,11 @@ def main(argv=None) -> int:
             overrides.append(o)
 
     from laglab.config import ConfigError
+    from laglab.console import log_third_party_to
     from laglab.evaluate import evaluate
+
+    if args.run_dir.is_dir():  # third-party noise (MuJoCo's compiler warnings) goes to a log file, not the terminal
+        log_third_party_to(args.run_dir / "evaluate.log")
 
     video = None
     if args.video:

@@ -56,7 +56,8 @@ def run_measures(run_dir: str, env_id: Optional[str], threshold: Optional[float]
     h = histograms(run_dir)
     lags = h[h["metric"] == "lag/version_lag"]["values"]
     m["lag_p95"] = float(np.percentile(np.concatenate([np.asarray(v, float) for v in lags]), 95)) if len(lags) else m["lag_max"]
-    m["kl_behavior"] = _mean(df, "lag/kl_behavior")
+    # a KL is never negative (runs logged before the estimator was clamped can hold float noise like -3e-9)
+    m["kl_behavior"] = float(np.maximum(0.0, _mean(df, "lag/kl_behavior")))
     m["kept_frac"] = _mean(df, "lag/kept_frac")
     m["queue_depth"] = _mean(df, "transport/queue_depth")
     m["age_s"] = _mean(df, "transport/age_s_mean")

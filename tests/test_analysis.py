@@ -49,6 +49,15 @@ def test_auc_is_the_mean_return_per_env_step():
     assert np.isnan(first_reach(df, 10)["steps_to_threshold"])
 
 
+def test_kl_behavior_is_never_negative_even_from_runs_logged_with_float_noise(tmp_path):
+    from analysis.measures import run_measures
+
+    pd.DataFrame({"update": [1, 2], "env_steps": [10, 20], "wall_time": [0.1, 0.2],
+                  "episodic_return_mean": [1.0, 2.0], "lag/mean": [0.0, 0.0], "lag/max": [0.0, 0.0],
+                  "lag/kl_behavior": [-2.96e-09, -1e-10]}).to_parquet(tmp_path / "metrics.parquet")
+    assert run_measures(str(tmp_path), "CartPole-v1")["kl_behavior"] == 0.0
+
+
 # ---- a small real sweep -----------------------------------------------------------------------------------
 def _train(*args):
     p = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -131,3 +131,28 @@ def test_a_killed_run_leaves_readable_metrics_and_an_interrupted_summary(tmp_pat
     assert s["status"] == "interrupted" and s["env_steps"] < 5_000_000
     assert len(pd.read_parquet(tmp_path / "metrics.parquet")) >= 1
     assert (tmp_path / "checkpoints" / "final.pt").exists()
+
+
+def test_best_return_is_never_below_final_when_the_last_episodes_are_the_best(tmp_path):
+    """One definition: final = mean of the last return_window episodes at the end; best = the maximum of that
+    same rolling mean over the run, evaluated after every episode. Episodes that finish after the last logged
+    update (here the run's best) count for both."""
+    from laglab.actor import Episode
+    from laglab.config import TrackingConfig
+    from laglab.tracking import Tracker
+
+    cfg = TrackingConfig(return_window=4, progress=False)
+    cfg.wandb.mode = "disabled"
+    t = Tracker(tmp_path, cfg, total_env_steps=100)
+    steps = 0
+    for ret in [10, 20, 30, 40, 50, 60, 70, 80]:
+        steps += 10
+        t.add_episodes([Episode(0, 0, float(ret), 10)], steps)
+        if ret % 20 == 0:
+            t.log_update({}, steps)
+    t.add_episodes([Episode(0, 0, 200.0, 10), Episode(0, 1, 300.0, 10)], steps)  # after the last update
+    s = t.finish({"status": "completed"})
+    assert s["final_return_mean"] == pytest.approx((70 + 80 + 200 + 300) / 4)
+    assert s["best_return_mean"] >= s["final_return_mean"]
+    assert s["best_return_mean"] == s["final_return_mean"]
+    assert json.loads((tmp_path / "summary.json").read_text())["return_window"] == 4

@@ -133,9 +133,13 @@ def categorical_logp_entropy(logits: Tensor, actions: Tensor):
 
 
 def approx_kl_k3(logp_new: Tensor, logp_old: Tensor) -> Tensor:
-    """Schulman's k3 estimator of KL(old || new) from samples drawn under old: E[(r - 1) - log r]."""
+    """Schulman's k3 estimator of KL(old || new) from samples drawn under old: E[(r - 1) - log r].
+
+    Each sample's term is >= 0 in exact arithmetic; in floating point ``exp(log r) - 1 - log r`` can round
+    below 0 when r is close to 1 (a lag-0 batch showed -3e-9), so the term is computed with ``expm1`` and
+    clamped at 0: the estimate is never negative."""
     log_r = logp_new - logp_old
-    return ((torch.exp(log_r) - 1.0) - log_r).mean()
+    return (torch.expm1(log_r) - log_r).clamp_min(0.0).mean()
 
 
 def explained_variance(pred: Tensor, target: Tensor) -> float:

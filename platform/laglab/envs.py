@@ -1,7 +1,13 @@
 """Environments: ``make_env`` for any gymnasium id, a small same-step-autoreset env group that an actor
-steps with one batched action, and the running statistics used for observation/reward normalization."""
+steps with one batched action, and the running statistics used for observation/reward normalization.
+
+MuJoCo's C library prints its warnings straight to the process's stderr (descriptor 2, not Python's
+``sys.stderr`` nor the warnings module): mujoco 4.0 warns ``compiler attribute 'settotalmass' is deprecated``
+for every HalfCheetah it compiles, in every actor process. ``make_env`` hands them to MuJoCo's warning
+callback instead, which writes each distinct message once per process to the run's log file."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
@@ -10,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 
 from .config import ConfigError, EnvConfig
+from .console import LOG_FILE_ENV, third_party_log
 
 
 LATENCY_ID = "laglab/Latency-v0"
@@ -51,6 +58,33 @@ if LATENCY_ID not in gym.registry:
     gym.register(LATENCY_ID, entry_point=LatencyEnv)
 
 
+_mujoco_seen: set = set()
+
+
+def _mujoco_warning(msg: str) -> None:
+    key = (os.environ.get(LOG_FILE_ENV), msg)  # the same warning for every env compiled: once per log file
+    if key not in _mujoco_seen:
+        _mujoco_seen.add(key)
+        third_party_log().warning("mujoco (pid %d): %s", os.getpid(), msg)
+
+
+def _quiet_mujoco(env_id: str) -> None:
+    """Route MuJoCo's C warnings to the run's log file (before the env compiles its model), unless the
+    program installed a warning callback of its own."""
+    try:
+        entry = gym.spec(env_id).entry_point
+    except Exception:  # noqa: BLE001 - an id that cannot be looked up is make_env's to report
+        return
+    if "mujoco" not in str(entry):
+        return
+    try:
+        import mujoco
+    except ImportError:
+        return  # make_env reports the missing extra
+    if mujoco.get_mju_user_warning() is None:
+        mujoco.set_mju_user_warning(_mujoco_warning)
+
+
 def make_env(cfg: EnvConfig, actor_id: Optional[int] = None, render_mode: Optional[str] = None) -> gym.Env:
     """Build one environment; unknown ids and missing extras become a :class:`ConfigError`. For the latency
     env, actor ``i`` gets ``env.latency_ms[i % len]`` (heterogeneous simulators)."""
@@ -61,6 +95,7 @@ def make_env(cfg: EnvConfig, actor_id: Optional[int] = None, render_mode: Option
         kwargs.setdefault("latency_ms", float(cfg.latency_ms[(actor_id or 0) % len(cfg.latency_ms)]))
     if cfg.max_episode_steps is not None:
         kwargs["max_episode_steps"] = cfg.max_episode_steps
+    _quiet_mujoco(cfg.id)
     try:
         env = gym.make(cfg.id, **kwargs)
     except gym.error.Error as e:  # unknown id, deprecated version, bad kwargs the registry catches

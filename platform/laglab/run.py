@@ -18,6 +18,7 @@ from .accounting import Budget
 from .learner import INCARNATION_MARK, Learner, read_checkpoint
 from .shm import sweep_stale
 from . import runners
+from .console import footer
 from .tracking import Tracker
 
 log = logging.getLogger("laglab")
@@ -146,7 +147,5 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
         if cfg.learner.checkpoint:
             summary["checkpoint"] = str(learner.save_checkpoint(run_dir / "checkpoints" / "final.pt", env_steps))
         summary = tracker.finish(summary)
-        log.info("laglab: %s after %d env steps, %d updates, %.1fs (%.0f sps); return (last %d) %.1f, best %.1f",
-                 status, env_steps, learner.updates, wall, summary["sps"], cfg.tracking.return_window,
-                 summary["final_return_mean"], summary["best_return_mean"])
+        log.info("%s", footer(summary, run_dir))  # run dir, return, lag, books, faults, W&B, next commands
     return summary

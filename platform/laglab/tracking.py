@@ -1,4 +1,5 @@
-"""Tracking: the run dir as a metrics store, Weights & Biases, and a console progress line.
+"""Tracking: the run dir as a metrics store, Weights & Biases, and the console progress (a live bar on a
+terminal, see :mod:`laglab.console`; a plain line in the log every ``console_every_s``).
 
 Local files (pandas sees exactly what W&B shows):
 - ``metrics.parquet``: one row per learner update, every scalar (``charts/``, ``losses/``, ``lag/``,
@@ -9,6 +10,11 @@ Local files (pandas sees exactly what W&B shows):
 - ``episodes.parquet``: one row per finished episode;
 - all of them rewritten every ``flush_every_s`` seconds, so a crashed run keeps its rows;
 - ``summary.json``: written at the end, also when the run fails or is interrupted (``status`` says which).
+
+Return figures have one definition: the rolling mean of the last ``return_window`` finished episodes.
+``final_return_mean`` is its value at the end; ``best_return_mean`` its maximum over the run, evaluated after
+every finished episode once the window is full (so best >= final; equal to final when the run finished fewer
+episodes than the window).
 
 W&B gets the same scalar rows (at most one per ``log_interval_s``; each carries ``update`` so it can be
 matched to its parquet row), the histograms, per-actor keys ``actor/<i>/...``, and the episodes as a table
@@ -33,6 +39,7 @@ import pandas as pd
 
 from .actor import ActorStats, Episode
 from .config import TrackingConfig
+from .console import LiveBar, log_third_party_to, run_log_file
 
 log = logging.getLogger("laglab")
 
@@ -99,6 +106,15 @@ class WandbSink:
         self.run.define_metric("env_steps")
         self.run.define_metric("*", step_metric="env_steps")
 
+    def describe(self) -> Dict[str, Any]:
+        """Where the W&B run is: mode, files dir, id, the dir ``wandb sync`` takes, and the URL when online."""
+        files = Path(self.run.dir)
+        out = {"mode": self.mode, "dir": str(files), "id": self.run.id,
+               "run_path": str(files.parent if files.name == "files" else files)}
+        if self.mode == "online":
+            out["url"] = self.run.url
+        return out
+
     def log(self, row: Mapping[str, Any], hists: Mapping[str, np.ndarray]) -> None:
         data = dict(row)
         for k, v in hists.items():
@@ -115,26 +131,6 @@ class WandbSink:
             if isinstance(v, (int, float, str, bool)):
                 self.run.summary[k] = v
         self.run.finish(exit_code=exit_code)
-
-
-# ---- console ---------------------------------------------------------------------------------------------
-class Progress:
-    """A live progress line (rich) when stdout is a terminal; otherwise nothing."""
-
-    def __init__(self, total: int):
-        from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
-
-        self.p = RichProgress(TextColumn("[bold]laglab"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"),
-                              TextColumn("{task.fields[info]}"), TimeRemainingColumn(), refresh_per_second=2,
-                              transient=False)
-        self.task = self.p.add_task("train", total=total, info="")
-        self.p.start()
-
-    def update(self, env_steps: int, info: str) -> None:
-        self.p.update(self.task, completed=env_steps, info=info)
-
-    def close(self) -> None:
-        self.p.stop()
 
 
 # ---- the tracker -----------------------------------------------------------------------------------------
@@ -158,17 +154,25 @@ class Tracker:
         self.rows: List[Dict[str, Any]] = []
         self.hist_rows: List[Dict[str, Any]] = []
         self.actor_rows: List[Dict[str, Any]] = []
-        self.best_return_mean = -math.inf
+        self.best_return_mean = -math.inf  # the rolling mean's maximum, at every episode once the window is full
+        self._lag_counts: Dict[float, int] = collections.Counter()  # version lag of every trained fragment
         self._last_console = self._last_wandb = -math.inf
         self._last_flush = time.perf_counter()
         self._prev_actor: Dict[int, tuple] = {}
         self.log_s = 0.0  # wall seconds spent in tracking (W&B + parquet + console)
+        log_third_party_to(run_log_file(self.run_dir))  # MuJoCo's and Ray's noise: the log file, not the terminal
+        # the bar takes its own handle on the terminal before W&B wraps stdout: it never reaches W&B's output.log
+        self.progress: Optional[LiveBar] = None
+        if self.cfg.progress and sys.stdout.isatty() and total_env_steps:
+            self.progress = LiveBar(total_env_steps)
         self.wandb: Optional[WandbSink] = None
         if self.cfg.wandb.mode != "disabled":
-            self.wandb = WandbSink(self.cfg, self.run_dir, wandb_config or {}, job_type, group)
-        self.progress: Optional[Progress] = None
-        if self.cfg.progress and sys.stdout.isatty() and total_env_steps:
-            self.progress = Progress(total_env_steps)
+            try:
+                self.wandb = WandbSink(self.cfg, self.run_dir, wandb_config or {}, job_type, group)
+            except BaseException:
+                if self.progress:
+                    self.progress.close()
+                raise
         self.t0 = time.perf_counter()  # the run's clock starts after the sinks are up
 
     def wall(self) -> float:
@@ -179,6 +183,8 @@ class Tracker:
         with self._lock:
             for ep in episodes:
                 self._recent.append(ep.ret)
+                if len(self._recent) >= self.window:
+                    self.best_return_mean = max(self.best_return_mean, sum(self._recent) / len(self._recent))
                 self._since_log.append(ep)
                 self.episodes.append({"wall_time": w, "env_steps": env_steps, "actor": ep.actor_id,
                                       "env_index": ep.env_index, "return": ep.ret, "length": ep.length})
@@ -212,10 +218,11 @@ class Tracker:
         wall = self.wall()
         ret = self.return_mean()
         with self._lock:
-            full_window = len(self._recent) >= self.window
             fresh, self._since_log = self._since_log, []
-        if full_window and ret > self.best_return_mean:
-            self.best_return_mean = ret
+        if hists is not None and "lag/version_lag" in hists:
+            lags, counts = np.unique(np.asarray(hists["lag/version_lag"], dtype=np.float64), return_counts=True)
+            for v, c in zip(lags.tolist(), counts.tolist()):
+                self._lag_counts[v] += c
         update = len(self.rows) + 1
         row: Dict[str, Any] = {"update": update, "env_steps": env_steps, "wall_time": wall,
                                "episodic_return_mean": ret, "charts/episodic_return_mean": ret,
@@ -261,6 +268,19 @@ class Tracker:
         self.log_s += time.perf_counter() - t_in
         return row
 
+    def lag_summary(self) -> Dict[str, float]:
+        """Version lag of the trained data over the whole run (mean, p95, max: every trained fragment, which
+        all hold the same number of transitions) and KL(behavior || current) averaged over the updates."""
+        nan = float("nan")
+        kl = [r["lag/kl_behavior"] for r in self.rows if "lag/kl_behavior" in r]
+        out = {"mean": nan, "p95": nan, "max": nan, "kl_behavior": float(np.maximum(0.0, np.mean(kl))) if kl else nan}
+        if self._lag_counts:
+            values = np.array(sorted(self._lag_counts))
+            counts = np.array([self._lag_counts[v] for v in values])
+            out.update(mean=float((values * counts).sum() / counts.sum()),
+                       p95=float(np.percentile(np.repeat(values, counts), 95)), max=float(values[-1]))
+        return out
+
     def flush(self) -> None:
         if self.rows:
             _write_parquet(self.rows, self.run_dir / "metrics.parquet")
@@ -282,14 +302,17 @@ class Tracker:
         if not self.rows:  # an empty but readable table, so no run leaves a dir without metrics
             pd.DataFrame({"update": [], "env_steps": [], "wall_time": []}).to_parquet(
                 self.run_dir / "metrics.parquet", index=False)
-        best = self.best_return_mean
+        with self._lock:
+            best = self.best_return_mean
         summary = dict(summary)
         summary.setdefault("final_return_mean", self.return_mean())
         summary["best_return_mean"] = best if math.isfinite(best) else summary["final_return_mean"]
+        summary["return_window"] = self.window
         summary["episodes"] = self.n_episodes()
+        summary["lag"] = self.lag_summary()
         summary["tracking_s"] = self.log_s
         if self.wandb:
-            summary["wandb"] = {"mode": self.wandb.mode, "dir": str(self.wandb.run.dir), "id": self.wandb.run.id}
+            summary["wandb"] = self.wandb.describe()
         write_json_atomic(self.run_dir / "summary.json", summary)
         if self.wandb:
             with self._lock:

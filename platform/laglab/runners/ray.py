@@ -114,8 +114,12 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
         kw: Dict[str, Any] = {}
         if cfg.runner.address is None:  # room for every actor (processes share the cores, as with runner=process)
             kw["num_cpus"] = max(os.cpu_count() or 1, math.ceil(cfg.actors * cfg.runner.cpus_per_actor))
-        ray.init(address=cfg.runner.address or "local", include_dashboard=False, log_to_driver=False,
-                 logging_level="warning", **kw)
+        from ..console import to_log_file
+
+        log.info("laglab: starting Ray (%d actors)...", cfg.actors)
+        with to_log_file("ray"):  # Ray's start-up warnings (token auth, ...) go to the run's log file
+            ray.init(address=cfg.runner.address or "local", include_dashboard=False, log_to_driver=False,
+                     logging_level="warning", **kw)
     elif cfg.runner.address is not None:
         log.warning("laglab: Ray is already initialized in this process; runner.address=%s is not used",
                     cfg.runner.address)
