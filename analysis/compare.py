@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from . import stats
+from .load import AnalysisError  # noqa: F401 - re-exported
 from .measures import MEASURES
 from .references import normalize
 
@@ -30,10 +31,6 @@ REPS, BOOT_SEED = 2000, 0
 # config keys that differ between runs without being a treatment
 IGNORED = {"cfg.seed", "cfg.resume", "cfg.tracking.wandb.group", "cfg.tracking.wandb.name"}
 IGNORED_PREFIX = ("cfg.tracking.",)
-
-
-class AnalysisError(ValueError):
-    """A user-caused problem with the runs asked for; the message says what and how to proceed."""
 
 
 def varying_keys(runs: pd.DataFrame) -> List[str]:
@@ -91,7 +88,7 @@ def groups_of(runs: pd.DataFrame, by: Sequence[str]) -> List[Tuple[tuple, pd.Dat
 def label(by: Sequence[str], key: tuple, short: bool = True) -> str:
     if not by:
         return "all"
-    name = (lambda b: b.split(".")[-1]) if short else (lambda b: b)
+    name = (lambda b: b[4:] if b.startswith("cfg.") else b) if short else (lambda b: b)
     return ", ".join(f"{name(b)}={v}" for b, v in zip(by, key))
 
 

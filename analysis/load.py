@@ -16,6 +16,10 @@ import pandas as pd
 import yaml
 
 
+class AnalysisError(ValueError):
+    """A user-caused problem with the runs asked for; the message says what and how to proceed."""
+
+
 # the compact files of a report dir
 RUNS_CSV, CURVES, LAG_COUNTS, REPORT_JSON = "runs.csv", "curves.parquet", "lag_counts.csv", "report.json"
 

@@ -15,7 +15,7 @@ from typing import Iterable, Optional
 import numpy as np
 import pandas as pd
 
-from .load import CURVES, LAG_COUNTS, RUNS_CSV, find_runs, histograms, is_report_dir, load_run, metrics
+from .load import AnalysisError, CURVES, LAG_COUNTS, RUNS_CSV, find_runs, histograms, is_report_dir, load_run, metrics
 from .measures import RETURN, THRESHOLDS, run_measures
 
 # the per-update columns a report keeps (renamed from metrics.parquet's names where they carry a prefix)
@@ -31,7 +31,7 @@ def _split(paths: Iterable[str | Path]) -> tuple:
             raise FileNotFoundError(f"{p}: no such run, sweep or report dir")
     reports = [p for p in paths if is_report_dir(p) and not (p / "summary.json").exists()]
     if reports and (len(reports) > 1 or len(reports) < len(paths)):
-        raise ValueError(f"pass one report dir ({', '.join(map(str, reports))}), or run and sweep dirs, not a mix")
+        raise AnalysisError(f"pass one report dir ({', '.join(map(str, reports))}), or run and sweep dirs, not a mix")
     return reports, [p for p in paths if p not in reports]
 
 
@@ -87,24 +87,21 @@ def curves(paths, runs: Optional[pd.DataFrame] = None) -> pd.DataFrame:
     same paths). Columns: ``run_id``, ``env_steps``, ``wall_time``, ``episodic_return_mean``, ``lag_mean``,
     ``kl_behavior``, and, for runs with a queue (not ``runner=sync``), ``queue_depth`` and ``age_s``."""
     reports, dirs = _split(paths)
-    if runs is None:
-        runs = load_runs(paths)
+    if reports:
+        return pd.read_parquet(reports[0] / CURVES)
+    if runs is None:  # the same run ids as load_runs(paths), without computing the measures
+        found = find_runs(dirs)
+        runs = pd.DataFrame({"run_id": np.arange(len(found)), "run_dir": [str(p) for p in found],
+                             "cfg.runner.name": [load_run(p).get("cfg.runner.name") for p in found]})
     frames = []
-    for r in reports:
-        c = pd.read_parquet(r / CURVES)
+    runner = runs["cfg.runner.name"] if "cfg.runner.name" in runs else pd.Series([None] * len(runs), index=runs.index)
+    for run_id, run_dir, name in zip(runs["run_id"], runs["run_dir"], runner):
+        m = metrics(run_dir)
+        c = m[[k for k in CURVE_COLUMNS if k in m]].rename(columns=CURVE_COLUMNS)
+        if name == "sync":
+            c = c.drop(columns=[k for k in ("queue_depth", "age_s") if k in c])
+        c.insert(0, "run_id", int(run_id))
         frames.append(c)
-    if dirs:
-        have = runs[runs["run_dir"].notna()] if "run_dir" in runs else runs.iloc[:0]
-        found = {str(p) for p in find_runs(dirs)}
-        for run_id, run_dir, runner in zip(have["run_id"], have["run_dir"], have.get("cfg.runner.name", [None] * len(have))):
-            if str(run_dir) not in found:
-                continue
-            m = metrics(run_dir)
-            c = m[[k for k in CURVE_COLUMNS if k in m]].rename(columns=CURVE_COLUMNS)
-            if runner == "sync":
-                c = c.drop(columns=[k for k in ("queue_depth", "age_s") if k in c])
-            c.insert(0, "run_id", int(run_id))
-            frames.append(c)
     if not frames:
         return pd.DataFrame(columns=["run_id"] + list(CURVE_COLUMNS.values()))
     return pd.concat(frames, ignore_index=True)
