@@ -203,7 +203,7 @@ def summarize(df: pd.DataFrame, by: Optional[Sequence[str]] = None, baseline: Op
     table = dict(grouped)
     out = []
     for key, g in grouped:
-        row: Dict[str, object] = dict(zip(by, key))
+        row: Dict[str, object] = {b: g[b].iloc[0] for b in by}
         n = len(g)
         row["runs"] = n
         row["interval"] = "bootstrap 95% CI" if n >= MIN_CI_RUNS else "seed range"
@@ -318,7 +318,7 @@ def select(df: pd.DataFrame, key: str, on_seeds: Sequence[int], by: Sequence[str
             raise AnalysisError(f"group {label(by, gk)}: no held-out run (seeds outside {list(on_seeds)}) with "
                                 f"{key}={best}")
         keep[held.index] = True
-        rows.append({**dict(zip(by, gk)), key: best, "held_out_runs": len(held),
+        rows.append({**{b: g[b].iloc[0] for b in by}, key: held[key].iloc[0], "held_out_runs": len(held),
                      **{f"selection {col} IQM at {v}": s for v, s in cand.items()}})
     df.loc[~keep, "selection"] = np.where(sel_seed[~keep], "selection", "not chosen")
     df["used"] = used & keep
@@ -334,7 +334,7 @@ def normalized_aggregates(df: pd.DataFrame, by: Sequence[str], cols: Sequence[st
         return pd.DataFrame()
     rows = []
     for key, g in groups_of(used, by):
-        row: Dict[str, object] = {**dict(zip(by, key)), "runs": len(g)}
+        row: Dict[str, object] = {**{b: g[b].iloc[0] for b in by}, "runs": len(g)}
         any_ref = False
         for c in cols:
             ns = normalize(g[c].to_numpy(float), g["cfg.env.id"])

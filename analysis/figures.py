@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -52,6 +53,22 @@ def _legend(ax, title: Optional[str] = None) -> None:
                   borderaxespad=0.0, frameon=False)
 
 
+def _fig_legend(fig, axes) -> None:
+    """One legend for all panels, outside them on the right (labels that repeat across panels name the same
+    group value and have the same colour, since every panel draws its groups in the same order)."""
+    seen: Dict[str, object] = {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(lab, h)
+    if seen:
+        fig.legend(list(seen.values()), list(seen.keys()), loc="outside right upper", fontsize=8, frameon=False)
+
+
+def _kilo(ax) -> None:
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(
+        lambda v, _: f"{v / 1e6:g}M" if abs(v) >= 1e6 else f"{v / 1e3:g}k" if abs(v) >= 1e3 else f"{v:g}"))
+
+
 def _used(res: "Result") -> pd.DataFrame:
     return res.runs[res.runs["used"]]
 
@@ -82,7 +99,8 @@ def _panels(res: "Result") -> List[Tuple[str, List[Tuple[str, pd.DataFrame]]]]:
 def _grid(n: int, ncols: int, w: float = 4.6, h: float = 3.2):
     ncols = max(1, min(ncols, n))
     nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(w * ncols + 1.8, h * nrows), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(w * ncols + 1.8, h * nrows), squeeze=False, sharey=True,
+                             layout="constrained")
     for ax in axes.ravel()[n:]:
         ax.set_visible(False)
     return fig, axes.ravel()[:n]
@@ -107,7 +125,7 @@ def _curve_matrix(curves: pd.DataFrame, run_ids: Sequence[int], x_col: str, grid
 def _band(ax, grid, ys, label: str, reps: int = 400) -> None:
     mid = st.trim_mean(ys, 0.25, axis=0)
     n = len(ys)
-    line, = ax.plot(grid, mid, label=f"{label} (n={n})", lw=1.4)
+    line, = ax.plot(grid, mid, label=label, lw=1.4)
     if n >= MIN_CI_RUNS:
         rng = np.random.default_rng(0)
         boot = st.trim_mean(ys[rng.integers(0, n, (reps, n))], 0.25, axis=1)
@@ -132,7 +150,9 @@ def returns_figure(res: "Result", out: Path, x_col: str, name: str, xlabel: str)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("return (rolling mean)")
         ax.grid(alpha=0.3)
-        _legend(ax)
+        if x_col == "env_steps":
+            _kilo(ax)
+    _fig_legend(fig, axes)
     fig.suptitle(f"Return vs {xlabel}: IQM across seeds, 95% bootstrap CI (seeds drawn when n < {MIN_CI_RUNS})",
                  fontsize=10)
     if not drawn:
@@ -150,12 +170,13 @@ def per_seed_figure(res: "Result", out: Path) -> Optional[Path]:
             ax.plot(d["env_steps"], d["episodic_return_mean"], lw=0.8, alpha=0.8)
         ax.set_title(cmp.label(res.by, key), fontsize=8)
         ax.tick_params(labelsize=7)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(4))
         ax.set_xlabel("env steps", fontsize=7)
         ax.set_ylabel("return", fontsize=7)
         ax.xaxis.get_offset_text().set_fontsize(7)
         ax.grid(alpha=0.3)
+        _kilo(ax)
     fig.suptitle("Every seed's return (rolling mean) vs env steps, one panel per group", fontsize=10)
-    fig.tight_layout()
     return _save(fig, out, "per_seed")
 
 
@@ -204,7 +225,11 @@ def lag_cost_figure(res: "Result", out: Path) -> Optional[Path]:
                 continue
             key = tuple(str(r[b]) for b in by)
             g, b0 = groups[key], groups[base_of[key]]
-            d = g["auc"].to_numpy(float) - float(st.trim_mean(b0["auc"].to_numpy(float), 0.25))
+            if cmp.paired(g, b0):  # the per-seed differences whose range the band shows
+                ga, ba = cmp._finite_pairs(cmp._by_seed(g), cmp._by_seed(b0), "auc")
+                d = ga["auc"].to_numpy(float) - ba["auc"].to_numpy(float)
+            else:
+                d = g["auc"].to_numpy(float) - float(st.trim_mean(b0["auc"].to_numpy(float), 0.25))
             axes[0].scatter(np.full(len(d), x_lag[i]), d, s=12, color=c, alpha=0.5, zorder=3)
     axes[0].set_xscale("log", base=2)
     xs = sorted(set(x_set[x_set > 0])) if x_set is not None else None
@@ -216,13 +241,19 @@ def lag_cost_figure(res: "Result", out: Path) -> Optional[Path]:
     axes[1].set_xlabel("measured KL(behavior ‖ current) per update (IQM)")
     if np.all(s.loc[s[tkey].astype(str) != str(tval), "kl_behavior_iqm"].dropna() > 0):
         axes[1].set_xscale("log")
+        axes[1].xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axes[1].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        axes[1].xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     for ax in axes:
         ax.axhline(0, color="0.4", lw=0.8, ls="--")
         ax.set_ylabel(f"ΔAUC vs own {tkey.split('.')[-1]}={tval}\n(mean return per env step)")
         ax.grid(alpha=0.3)
     _legend(axes[1])
-    fig.suptitle(f"Lag cost: AUC minus the AUC of the same algorithm at {tkey.split('.')[-1]}={tval} "
-                 "(IQM difference, 95% CI; below 0 = lag costs)", fontsize=10)
+    small = bool((s["runs"] < MIN_CI_RUNS).any())
+    fig.suptitle(f"Lag cost: AUC minus the AUC of the same {', '.join(k.split('.')[-2] if '.' in k[4:] else k for k in keys) or 'group'}"
+                 f" at {tkey.split('.')[-1]}={tval} (IQM difference; "
+                 + ("band: seed range where a group has < 5 runs, dots: seeds; " if small else "band: 95% CI; ")
+                 + "below 0 = lag costs)", fontsize=10)
     fig.tight_layout()
     return _save(fig, out, "lag_cost")
 
@@ -231,11 +262,13 @@ def profile_figure(res: "Result", out: Path) -> Optional[Path]:
     used = _used(res)
     if "cfg.env.id" not in used:
         return None
-    ns = normalize(used["final_return"].to_numpy(float), used["cfg.env.id"])
+    ns = normalize(used["auc"].to_numpy(float), used["cfg.env.id"])
     if not np.isfinite(ns).any():
         return None
     used = used.assign(_ns=ns)
-    taus = np.linspace(min(0.0, np.nanmin(ns)), max(1.1, np.nanmax(ns)) + 0.02, 120)
+    lo, hi = np.nanmin(ns), np.nanmax(ns)
+    pad = 0.05 * max(hi - lo, 0.05)
+    taus = np.linspace(lo - pad, hi + pad, 200)
     panels = _panels(res.__class__(**{**res.__dict__, "runs": used.assign(used=True)}))
     fig, axes = _grid(len(panels), 2 if len(panels) > 1 else 1, w=6.0 if len(panels) == 1 else 4.8)
     for ax, (title, groups) in zip(axes, panels):
@@ -246,15 +279,16 @@ def profile_figure(res: "Result", out: Path) -> Optional[Path]:
                 continue
             tasks = [g.loc[g["cfg.env.id"] == e, "_ns"].to_numpy(float) for e in dict.fromkeys(g["cfg.env.id"])]
             b = profile_band([t[np.isfinite(t)] for t in tasks], taus, reps=500)
-            line, = ax.plot(taus, b["profile"], label=f"{lab} (n={len(x)})", lw=1.3)
+            line, = ax.plot(taus, b["profile"], label=lab, lw=1.3)
             if len(x) >= MIN_CI_RUNS:
                 ax.fill_between(taus, b["low"], b["high"], alpha=0.15, color=line.get_color(), lw=0)
         ax.set_title(title, fontsize=9)
-        ax.set_xlabel("normalized final return τ (0 random, 1 reference PPO)")
+        ax.set_xlabel("normalized AUC τ (0 random policy, 1 reference PPO's final return)")
         ax.set_ylabel("fraction of runs with score > τ")
         ax.grid(alpha=0.3)
-        _legend(ax)
-    fig.suptitle("Performance profile (rliable), 95% stratified bootstrap CI", fontsize=10)
+    _fig_legend(fig, axes)
+    fig.suptitle("Performance profile of the normalized AUC (rliable's score distribution), 95% stratified "
+                 "bootstrap CI", fontsize=10)
     return _save(fig, out, "performance_profile")
 
 
@@ -272,7 +306,7 @@ def lag_hist_figure(res: "Result", out: Path) -> Optional[Path]:
         ax.set_xlabel("version lag (updates)")
         ax.set_ylabel("share of trained transitions")
         ax.grid(alpha=0.3)
-        _legend(ax)
+    _fig_legend(fig, axes)
     fig.suptitle("Version lag of trained transitions", fontsize=10)
     return _save(fig, out, "lag_histograms")
 

@@ -106,6 +106,8 @@ def build(runs: pd.DataFrame, curve_df: pd.DataFrame, lags: pd.DataFrame, opts: 
     if unknown:
         raise AnalysisError(f"--by {' '.join(unknown)}: no such column; config columns look like cfg.algo.name")
     baseline = cmp.parse_assignments(opts.baseline) if opts.baseline else default_baseline(runs[runs["used"]], by)
+    if opts.by is None:  # the treatment (the baseline's keys) last: "algo.name=ppo, actor.fixed_lag=4"
+        by = [b for b in by if b not in baseline] + [b for b in by if b in baseline]
     summary = cmp.summarize(runs, by, baseline)
     costs = cmp.cost_differences(runs, by, baseline)
     normalized = cmp.normalized_aggregates(runs, by)
@@ -126,11 +128,12 @@ def warnings_for(res: Result):
     notes: List[str] = []
     s, used = res.summary, res.runs[res.runs["used"]]
     if "code" in s and s["code"].nunique() > 1:
-        parts = [f"{code}: " + "; ".join(cmp.label(res.by, tuple(str(r[b]) for b in res.by)) for _, r in g.iterrows())
-                 for code, g in s.groupby("code", sort=True)]
-        w.append("groups ran different code (git commit, +dirty for uncommitted changes): " + " | ".join(parts))
-    elif "code" in s and s["code"].str.contains(" ").any():
-        w.append(f"the runs span several code versions: {s['code'].iloc[0]}")
+        common = s["code"].value_counts().index[0]
+        odd = s[s["code"] != common]
+        w.append(f"groups ran different code: most ran {common}; these did not: " + "; ".join(
+            f"{cmp.label(res.by, tuple(str(r[b]) for b in res.by))} ({r['code']})" for _, r in odd.head(12).iterrows())
+            + (f"; and {len(odd) - 12} more" if len(odd) > 12 else "")
+            + " (git commit, +dirty for uncommitted changes; a group listing two ran both)")
     if "code" in s and s["code"].str.contains(r"\+dirty").any():
         w.append("some runs ran with uncommitted changes (+dirty): their code is not exactly a commit")
     busy, alive = used.get("provenance.cpu_busy"), used.get("provenance.laglab_runs_alive")
@@ -241,16 +244,21 @@ def costs_view(res: Result) -> pd.DataFrame:
 
 
 def normalized_view(res: Result) -> pd.DataFrame:
+    """One row per (group, score): median, IQM, mean and optimality gap of the normalized score, each with its CI."""
     n = res.normalized
     if n.empty:
         return n
-    out = n[[b for b in res.by if b in n]].rename(columns=_short).copy()
-    out["runs"] = n["runs"]
-    for c in ("final_return", "auc"):
-        for a in ("median", "iqm", "mean", "optimality_gap"):
-            if f"{c}_{a}" in n:
-                out[f"{c} {a}"] = [_cell(m, lo, hi) for m, lo, hi in zip(n[f"{c}_{a}"], n[f"{c}_{a}_low"], n[f"{c}_{a}_high"])]
-    return out
+    rows = []
+    for _, r in n.iterrows():
+        for c, name in (("auc", "AUC"), ("final_return", "final return")):
+            if f"{c}_iqm" not in r or pd.isna(r.get(f"{c}_iqm")):
+                continue
+            row = {_short(b): r[b] for b in res.by if b in n}
+            row.update({"runs": int(r["runs"]), "normalized score": name})
+            for a, lab in (("median", "median"), ("iqm", "IQM"), ("mean", "mean"), ("optimality_gap", "optimality gap")):
+                row[lab] = _cell(r[f"{c}_{a}"], r[f"{c}_{a}_low"], r[f"{c}_{a}_high"])
+            rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def wide_view(res: Result, measures: List[str]) -> pd.DataFrame:
@@ -263,7 +271,15 @@ def wide_view(res: Result, measures: List[str]) -> pd.DataFrame:
     return out
 
 
+def _informative(df: pd.DataFrame) -> pd.DataFrame:
+    """Without the columns that hold nothing (every cell empty or "—")."""
+    keep = [c for c in df.columns if not df[c].map(lambda v: v is None or v == "—" or
+                                                   (isinstance(v, float) and not np.isfinite(v))).all()]
+    return df[keep]
+
+
 def _md_table(df: pd.DataFrame) -> str:
+    df = _informative(df)
     if df.empty:
         return "(none)"
     cols = list(df.columns)
@@ -274,6 +290,7 @@ def _md_table(df: pd.DataFrame) -> str:
 
 
 def _html_table(df: pd.DataFrame, cls: str = "") -> str:
+    df = _informative(df)
     if df.empty:
         return "<p>(none)</p>"
     return df.to_html(index=False, classes=cls, border=0, na_rep="—", float_format=_num, escape=True)
@@ -288,8 +305,9 @@ CAPTIONS = {
     "return_vs_env_steps": "Return (rolling mean) against env steps: IQM across seeds with a 95% CI band.",
     "return_vs_wall_clock": "Return against wall-clock seconds (sensitive to machine load; see the warnings).",
     "per_seed": "Every seed's learning curve, one panel per group.",
-    "performance_profile": "Performance profile: the fraction of runs whose normalized final return exceeds τ "
-                           "(0 = random policy, 1 = the reference PPO), with a 95% CI band.",
+    "performance_profile": "Performance profile: the fraction of runs whose normalized AUC exceeds τ (scores "
+                           "normalized per env: 0 = a random policy, 1 = the reference PPO's final return, see "
+                           "analysis/references.py), with a 95% CI band.",
     "lag_histograms": "Version lag of the trained transitions, per group.",
     "queue": "Queue depth and time in the queue, per group (first seed).",
     "actors": "SPS and KL(behavior ‖ current) against the actor count.",
@@ -319,6 +337,7 @@ def write(res: Result, out: Path, opts: Options, figs: Dict[str, Path]) -> None:
                                       "steps_to_threshold", "sps", "lag_mean", "provenance.git_commit",
                                       "provenance.git_dirty", "provenance.cpu_busy", "provenance.laglab_runs_alive",
                                       "provenance.start_time") if c in res.runs]]
+    runs_view = runs_view.sort_values([c for c in res.by + ["cfg.seed"] if c in runs_view] + ["run_id"], kind="stable")
     runs_view = runs_view.rename(columns=lambda c: _short(c.replace("provenance.", "")))
     if "git_commit" in runs_view:
         runs_view["git_commit"] = runs_view["git_commit"].astype(str).str[:7]
@@ -358,7 +377,7 @@ def write(res: Result, out: Path, opts: Options, figs: Dict[str, Path]) -> None:
             body.append(f'<div class="{cls}">{_html_table(df, cls)}</div>')
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>laglab report</title>
 <style>body{{font-family:sans-serif;margin:1.5em;max-width:1360px}}table{{border-collapse:collapse;font-size:13px}}
-td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}}th{{background:#f3f3f3}}
+td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}}td:first-child{{text-align:left}}th{{background:#f3f3f3}}
 div.wide{{overflow-x:auto;max-width:100%}}div.wide table{{font-size:12px}}img{{max-width:100%}}
 .warn{{color:#a00}}.note{{color:#555}}figure{{margin:1em 0}}figcaption{{font-size:13px;color:#333}}</style>
 </head><body>{''.join(body)}</body></html>
