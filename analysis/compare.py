@@ -143,11 +143,13 @@ def paired(g: pd.DataFrame, b: pd.DataFrame) -> bool:
 
 def _finite_pairs(g: pd.DataFrame, b: pd.DataFrame, col: str) -> Tuple[pd.DataFrame, pd.DataFrame]:
     """With paired seeds, keep only the seeds whose measure is finite on both sides."""
-    ok = set(g.loc[np.isfinite(g[col].astype(float)), "cfg.seed"]) & set(b.loc[np.isfinite(b[col].astype(float)), "cfg.seed"])
+    finite = lambda d: set(d.loc[np.isfinite(d[col].astype(float)), "cfg.seed"])  # noqa: E731
+    ok = finite(g) & finite(b)
     return g[g["cfg.seed"].isin(ok)], b[b["cfg.seed"].isin(ok)]
 
 
-def compare(g: pd.DataFrame, b: pd.DataFrame, col: str = "auc", reps: int = REPS, seed: int = BOOT_SEED) -> Dict[str, object]:
+def compare(g: pd.DataFrame, b: pd.DataFrame, col: str = "auc", reps: int = REPS,
+            seed: int = BOOT_SEED) -> Dict[str, object]:
     """ΔIQM and IQM ratio of ``col`` (group minus / over baseline) and the probability of improvement, each with
     its interval: the bootstrap 95% CI (resampled by seed when the seeds match) from 5 runs per side, the range
     of the per-seed (paired) or pairwise differences below."""
@@ -345,9 +347,10 @@ def normalized_aggregates(df: pd.DataFrame, by: Sequence[str], cols: Sequence[st
             xt, _ = _tasks(h, "_ns")
             for name, f in stats.AGGREGATES.items():
                 if len(g) >= MIN_CI_RUNS:
-                    row[f"{c}_{name}"], row[f"{c}_{name}_low"], row[f"{c}_{name}_high"] = stats.interval(f, xt, reps, seed=seed)
-                else:
-                    row[f"{c}_{name}"], row[f"{c}_{name}_low"], row[f"{c}_{name}_high"] = f(xt), float("nan"), float("nan")
+                    v = stats.interval(f, xt, reps, seed=seed)
+                else:  # no CI below 5 runs
+                    v = (f(xt), float("nan"), float("nan"))
+                row[f"{c}_{name}"], row[f"{c}_{name}_low"], row[f"{c}_{name}_high"] = v
         if any_ref:
             rows.append(row)
     return pd.DataFrame(rows)

@@ -55,7 +55,11 @@ def _legend(ax, title: Optional[str] = None) -> None:
 
 def _fig_legend(fig, axes) -> None:
     """One legend for all panels, outside them on the right (labels that repeat across panels name the same
-    group value and have the same colour, since every panel draws its groups in the same order)."""
+    group value and have the same colour, since every panel draws its groups in the same order); a single
+    panel gets its own legend beside it."""
+    if len(axes) == 1:
+        _legend(axes[0])
+        return
     seen: Dict[str, object] = {}
     for ax in axes:
         for h, lab in zip(*ax.get_legend_handles_labels()):
@@ -71,6 +75,11 @@ def _kilo(ax) -> None:
 
 def _used(res: "Result") -> pd.DataFrame:
     return res.runs[res.runs["used"]]
+
+
+def _one_env(res: "Result") -> bool:
+    used = _used(res)
+    return "cfg.env.id" not in used or used["cfg.env.id"].nunique() <= 1
 
 
 def _panels(res: "Result") -> List[Tuple[str, List[Tuple[str, pd.DataFrame]]]]:
@@ -96,10 +105,10 @@ def _panels(res: "Result") -> List[Tuple[str, List[Tuple[str, pd.DataFrame]]]]:
     return panels
 
 
-def _grid(n: int, ncols: int, w: float = 4.6, h: float = 3.2):
+def _grid(n: int, ncols: int, w: float = 4.6, h: float = 3.2, sharey: bool = True):
     ncols = max(1, min(ncols, n))
     nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(w * ncols + 1.8, h * nrows), squeeze=False, sharey=True,
+    fig, axes = plt.subplots(nrows, ncols, figsize=(w * ncols + 1.8, h * nrows), squeeze=False, sharey=sharey,
                              layout="constrained")
     for ax in axes.ravel()[n:]:
         ax.set_visible(False)
@@ -138,7 +147,8 @@ def _band(ax, grid, ys, label: str, reps: int = 400) -> None:
 
 def returns_figure(res: "Result", out: Path, x_col: str, name: str, xlabel: str) -> Optional[Path]:
     panels = _panels(res)
-    fig, axes = _grid(len(panels), 2 if len(panels) > 1 else 1, w=6.2 if len(panels) == 1 else 4.8)
+    fig, axes = _grid(len(panels), 2 if len(panels) > 1 else 1, w=6.2 if len(panels) == 1 else 4.8,
+                      sharey=_one_env(res))
     drawn = False
     for ax, (title, groups) in zip(axes, panels):
         for lab, g in groups:
@@ -163,7 +173,7 @@ def returns_figure(res: "Result", out: Path, x_col: str, name: str, xlabel: str)
 
 def per_seed_figure(res: "Result", out: Path) -> Optional[Path]:
     groups = cmp.groups_of(_used(res), res.by)
-    fig, axes = _grid(len(groups), 6 if len(groups) > 8 else 4, w=3.0, h=2.3)
+    fig, axes = _grid(len(groups), 6 if len(groups) > 8 else 4, w=3.0, h=2.3, sharey=_one_env(res))
     for ax, (key, g) in zip(axes, groups):
         for rid, seed in zip(g["run_id"], g.get("cfg.seed", g["run_id"])):
             d = res.curves[res.curves["run_id"] == rid]
@@ -250,8 +260,8 @@ def lag_cost_figure(res: "Result", out: Path) -> Optional[Path]:
         ax.grid(alpha=0.3)
     _legend(axes[1])
     small = bool((s["runs"] < MIN_CI_RUNS).any())
-    fig.suptitle(f"Lag cost: AUC minus the AUC of the same {', '.join(k.split('.')[-2] if '.' in k[4:] else k for k in keys) or 'group'}"
-                 f" at {tkey.split('.')[-1]}={tval} (IQM difference; "
+    same = ", ".join(k.split(".")[-2] if k.count(".") >= 2 else k for k in keys) or "group"  # cfg.algo.name: algo
+    fig.suptitle(f"Lag cost: AUC minus the AUC of the same {same} at {tkey.split('.')[-1]}={tval} (IQM difference; "
                  + ("band: seed range where a group has < 5 runs, dots: seeds; " if small else "band: 95% CI; ")
                  + "below 0 = lag costs)", fontsize=10)
     fig.tight_layout()

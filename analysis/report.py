@@ -149,6 +149,9 @@ def warnings_for(res: Result):
                      f"under load (at start: CPU busy > {BUSY:.0%} of the machine, or another laglab run alive; "
                      f"CPU busy {b.min():.0%}-{b.max():.0%}, other runs alive up to {int(a.max()) if a.notna().any() else '?'}): "
                      f"groups {_groups_named(res, loaded.reindex(res.runs.index, fill_value=False))}")
+    if "auc_ratio" in s and (s["auc_iqm"] < 0).any():
+        notes.append("some AUCs are negative (returns below 0, e.g. Pendulum): there an AUC ratio above 1 means a "
+                     "worse AUC than the baseline's; ΔAUC keeps its sign (below 0 = worse)")
     small = s[s["runs"] < MIN_CI_RUNS]
     if len(small):
         w.append(f"{len(small)} of {len(s)} groups have fewer than {MIN_CI_RUNS} runs: their intervals are the seed "
@@ -345,9 +348,12 @@ def write(res: Result, out: Path, opts: Options, figs: Dict[str, Path]) -> None:
     sections = [
         ("Summary", compact_table(res), "compact"),
         ("Figures", None, None),
-        ("Selection (tuned on the selection seeds, reported on the others)", res.selection.rename(columns=_short), "wide") if not res.selection.empty else None,
-        ("Difference in cost between families (ΔAUC of a minus ΔAUC of b, each against its own baseline)", costs_view(res), "wide") if not res.costs.empty else None,
-        ("Normalized scores (0 = random policy, 1 = reference PPO; rliable's aggregates across tasks)", normalized_view(res), "wide") if not res.normalized.empty else None,
+        ("Selection (tuned on the selection seeds, reported on the others)", res.selection.rename(columns=_short),
+         "wide") if not res.selection.empty else None,
+        ("Difference in cost between families (ΔAUC of a minus ΔAUC of b, each against its own baseline)",
+         costs_view(res), "wide") if not res.costs.empty else None,
+        ("Normalized scores (0 = random policy, 1 = reference PPO; rliable's aggregates across tasks)",
+         normalized_view(res), "wide") if not res.normalized.empty else None,
         ("All headline measures", wide_view(res, HEADLINE + ["lag_p95", "kept_frac", "dropped_frac"]), "wide"),
         ("What the updates did while learning (IQM per group, up to the threshold or the first half of the run: "
          "PPO clip fraction, KL moved per update, entropy, KL(behavior ‖ current))", updates, "wide"),
@@ -377,7 +383,8 @@ def write(res: Result, out: Path, opts: Options, figs: Dict[str, Path]) -> None:
             body.append(f'<div class="{cls}">{_html_table(df, cls)}</div>')
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>laglab report</title>
 <style>body{{font-family:sans-serif;margin:1.5em;max-width:1360px}}table{{border-collapse:collapse;font-size:13px}}
-td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}}td:first-child{{text-align:left}}th{{background:#f3f3f3}}
+td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}}
+td:first-child{{text-align:left}}th{{background:#f3f3f3}}
 div.wide{{overflow-x:auto;max-width:100%}}div.wide table{{font-size:12px}}img{{max-width:100%}}
 .warn{{color:#a00}}.note{{color:#555}}figure{{margin:1em 0}}figcaption{{font-size:13px;color:#333}}</style>
 </head><body>{''.join(body)}</body></html>
