@@ -100,6 +100,7 @@ def build(runs: pd.DataFrame, curve_df: pd.DataFrame, lags: pd.DataFrame, opts: 
             raise AnalysisError("--select needs --select-on, e.g. --select-on seed=0-4")
         pre_by = by if by is not None else cmp.varying_keys(runs[runs["used"]])
         runs, selection = cmp.select(runs, opts.select, cmp.parse_seeds(opts.select_on), pre_by)
+        by = [b for b in pre_by if b != opts.select]  # the chosen value is part of the group, not a key of it
     if by is None:
         by = cmp.varying_keys(runs[runs["used"]])
     unknown = [b for b in by if b not in runs]

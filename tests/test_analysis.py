@@ -193,17 +193,20 @@ def test_groups_on_different_code_and_runs_under_load_are_named(tmp_path):
 
 
 def test_a_hyperparameter_is_chosen_on_selection_seeds_and_reported_on_the_others(tmp_path):
-    # lr 2e-3 wins on seeds 0-4 (200 vs 100) but is reported on seeds 5-9 only, where it scores 150
-    for lr, sel, held in ((0.001, 100, 100), (0.002, 200, 150)):
-        for s in range(10):
-            make_run(tmp_path / "runs", f"{lr}_{s}", seed=s, auc_value=sel if s < 5 else held,
-                     extra_cfg={"learner.lr": lr})
+    # at lag 0, lr 2e-3 wins on seeds 0-4 (200 vs 100) but is reported on seeds 5-9 only, where it scores 150;
+    # at lag 4, lr 1e-3 wins (120 vs 90): each group keeps its own choice and still meets its matched baseline
+    for lag, scores in ((0, {0.001: (100, 100), 0.002: (200, 150)}), (4, {0.001: (120, 110), 0.002: (90, 90)})):
+        for lr, (sel, held) in scores.items():
+            for s in range(10):
+                make_run(tmp_path / "runs", f"{lag}_{lr}_{s}", lag=lag, seed=s, auc_value=sel if s < 5 else held,
+                         extra_cfg={"learner.lr": lr})
     p = _report(tmp_path / "runs", "--out", tmp_path / "r", "--select", "cfg.learner.lr", "--select-on", "seed=0-4")
     assert p.returncode == 0, p.stderr
-    s = pd.read_csv(tmp_path / "r" / "summary.csv")
-    assert len(s) == 1 and s["runs"].tolist() == [5] and s["auc_iqm"].tolist() == [150.0]
+    s = pd.read_csv(tmp_path / "r" / "summary.csv").set_index("cfg.actor.fixed_lag")
+    assert s["runs"].tolist() == [5, 5] and s["auc_iqm"].tolist() == [150.0, 110.0]
+    assert s.loc[4, "auc_delta"] == pytest.approx(-40) and s.loc[4, "baseline"] == "actor.fixed_lag=0"
     sel = pd.read_csv(tmp_path / "r" / "selection.csv")
-    assert sel["cfg.learner.lr"].tolist() == [0.002] and sel["held_out_runs"].tolist() == [5]
+    assert sel["cfg.learner.lr"].tolist() == [0.002, 0.001] and sel["held_out_runs"].tolist() == [5, 5]
     assert "Selection (tuned on the selection seeds" in (tmp_path / "r" / "report.md").read_text()
 
 
