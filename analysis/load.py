@@ -42,6 +42,10 @@ def find_runs(paths: Iterable[str | Path]) -> List[Path]:
             out.add(p.resolve())
         else:
             out.update(s.parent.resolve() for s in p.rglob("summary.json"))
+    old = [p for p in map(Path, paths) if (p / RUNS_CSV).is_file() and not (p / CURVES).is_file()]
+    if not out and old:
+        raise FileNotFoundError(f"{old[0]}: a report without its compact data (no {CURVES}; built before reports "
+                                "carried their curves): rebuild it from its run dirs")
     if not out and not any(is_report_dir(p) for p in map(Path, paths)):
         raise FileNotFoundError(f"no run dirs (with a summary.json) under {', '.join(map(str, paths))}")
     return sorted(out)
