@@ -35,7 +35,7 @@ import pandas as pd
 
 from . import compare as cmp
 from .compare import AnalysisError, MIN_CI_RUNS, MIN_CLAIM_RUNS
-from .load import REPORT_JSON, is_report_dir
+from .load import REPORT_JSON, find_runs, is_report_dir
 from .measures import WALL_CLOCK
 from .runs import curves as load_curves, lag_counts, load_runs, read_lag_counts, write_compact
 
@@ -416,6 +416,7 @@ def run(paths: List[str], out: Optional[Path], opts: Options) -> Result:
             (out / REPORT_JSON).write_text((src / REPORT_JSON).read_text())
     else:
         if out is None:
+            find_runs(paths)  # a missing dir or an old report says so first
             raise AnalysisError("--out is required when reading run or sweep dirs")
         runs = load_runs(paths, opts.threshold, opts.include_failed)
         write_compact(out, runs, load_curves(paths, runs), lag_counts(runs))
