@@ -1,117 +1,384 @@
-"""Figures (matplotlib, headless): curves with an IQM line and a bootstrap CI band per group, the headline
-efficiency-vs-measured-lag plot, version-lag histograms, queue depth and data age over time, and SPS / KL
-against actor count."""
+"""Figures (matplotlib, headless), drawn from a report's compact tables only (runs, long curves, lag counts):
+
+- ``lag_cost`` (the headline): ΔAUC against each family's own baseline vs the lag set (log2 axis), and vs the
+  measured KL(behavior ‖ current); one line per family with its CI band; drawn only when there is a baseline,
+  the treatment takes more than one value and all runs share one env;
+- ``return_vs_env_steps`` / ``return_vs_wall_clock``: IQM across seeds with a 95% CI band per group;
+- ``per_seed``: every seed's curve, one panel per group;
+- ``performance_profile``: the fraction of runs whose normalized final return exceeds τ, with a CI band (envs
+  with a reference score only);
+- ``lag_histograms`` (only when lag varied within runs), ``queue`` (only runs with a queue: not ``runner=sync``),
+  ``actors`` (only when the actor count varies).
+
+More than 8 groups in one panel are split into panels (by family, else by the first grouping key); legends sit
+outside the axes; every axis is labelled. Groups of fewer than 5 runs are drawn with their seeds."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Dict, List
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from scipy import stats as st  # noqa: E402
 
-from .load import curves, histograms  # noqa: E402
-from .stats import bootstrap_ci, iqm  # noqa: E402
+from . import compare as cmp  # noqa: E402
+from .compare import MIN_CI_RUNS  # noqa: E402
+from .references import normalize  # noqa: E402
+from .stats import profile_band  # noqa: E402
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .report import Result
+
+MAX_LINES = 8
+DPI = 100
 
 
 def _save(fig, out: Path, name: str) -> Path:
     path = out / f"{name}.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)
     return path
 
 
-def _band(ax, runs: List[str], x_col: str, label: str, grid_n: int = 60) -> None:
-    """IQM across runs of the return, interpolated on a common grid of ``x_col``, with a 95% CI band."""
-    data = [curves(r)[[x_col, "episodic_return_mean"]].dropna() for r in runs]
-    data = [d for d in data if len(d) >= 2]
+def _legend(ax, title: Optional[str] = None) -> None:
+    h, lab = ax.get_legend_handles_labels()
+    if h:
+        ax.legend(h, lab, fontsize=8, title=title, title_fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  borderaxespad=0.0, frameon=False)
+
+
+def _fig_legend(fig, axes) -> None:
+    """One legend for all panels, outside them on the right (labels that repeat across panels name the same
+    group value and have the same colour, since every panel draws its groups in the same order); a single
+    panel gets its own legend beside it."""
+    if len(axes) == 1:
+        _legend(axes[0])
+        return
+    seen: Dict[str, object] = {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(lab, h)
+    if seen:
+        fig.legend(list(seen.values()), list(seen.keys()), loc="outside right upper", fontsize=8, frameon=False)
+
+
+def _kilo(ax) -> None:
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(
+        lambda v, _: f"{v / 1e6:g}M" if abs(v) >= 1e6 else f"{v / 1e3:g}k" if abs(v) >= 1e3 else f"{v:g}"))
+
+
+def _used(res: "Result") -> pd.DataFrame:
+    return res.runs[res.runs["used"]]
+
+
+def _one_env(res: "Result") -> bool:
+    used = _used(res)
+    return "cfg.env.id" not in used or used["cfg.env.id"].nunique() <= 1
+
+
+def _panels(res: "Result") -> List[Tuple[str, List[Tuple[str, pd.DataFrame]]]]:
+    """Groups split into panels of at most ~8 lines: by env when envs are mixed, then by family (the keys other
+    than the baseline's) or by the first grouping key when there are more than 8 groups."""
+    used, by = _used(res), res.by
+    envs = list(dict.fromkeys(used["cfg.env.id"])) if "cfg.env.id" in used else [None]
+    panels = []
+    for env in envs:
+        sub = used if env is None else used[used["cfg.env.id"] == env]
+        groups = cmp.groups_of(sub, by)
+        keep = [b for b in by if b != "cfg.env.id"]
+        if len(groups) > MAX_LINES and len(keep) > 1:
+            split = [b for b in keep if b not in res.baseline] or keep[:1]
+            split = split[:1] if len(split) == len(keep) else split
+            for fk, fg in cmp.groups_of(sub, split):
+                rest = [b for b in keep if b not in split]
+                title = cmp.label(split, fk) + (f" ({env})" if len(envs) > 1 else "")
+                panels.append((title, [(cmp.label(rest, k), g) for k, g in cmp.groups_of(fg, rest)]))
+        else:
+            panels.append((env if len(envs) > 1 else "", [(cmp.label(keep, k) if keep else "all", g)
+                                                         for k, g in cmp.groups_of(sub, keep)]))
+    return panels
+
+
+def _grid(n: int, ncols: int, w: float = 4.6, h: float = 3.2, sharey: bool = True):
+    ncols = max(1, min(ncols, n))
+    nrows = math.ceil(n / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(w * ncols + 1.8, h * nrows), squeeze=False, sharey=sharey,
+                             layout="constrained")
+    for ax in axes.ravel()[n:]:
+        ax.set_visible(False)
+    return fig, axes.ravel()[:n]
+
+
+def _curve_matrix(curves: pd.DataFrame, run_ids: Sequence[int], x_col: str, grid_n: int = 80):
+    data = []
+    for rid in run_ids:
+        d = curves.loc[curves["run_id"] == rid, [x_col, "episodic_return_mean"]].dropna()
+        if len(d) >= 2:
+            data.append(d)
     if not data:
-        return
-    hi = min(d[x_col].iloc[-1] for d in data)
+        return None, None
     lo = max(d[x_col].iloc[0] for d in data)
+    hi = min(d[x_col].iloc[-1] for d in data)
     if hi <= lo:
-        return
+        return None, None
     grid = np.linspace(lo, hi, grid_n)
-    ys = np.stack([np.interp(grid, d[x_col], d["episodic_return_mean"]) for d in data])
-    mid = np.array([iqm(ys[:, i]) for i in range(grid_n)])
-    line, = ax.plot(grid, mid, label=f"{label} (n={len(data)})")
-    if len(data) > 1:
-        ci = np.array([bootstrap_ci(ys[:, i], reps=300) for i in range(grid_n)])
-        ax.fill_between(grid, ci[:, 0], ci[:, 1], alpha=0.2, color=line.get_color())
+    return grid, np.stack([np.interp(grid, d[x_col], d["episodic_return_mean"]) for d in data])
 
 
-def make_all(runs: pd.DataFrame, summary: pd.DataFrame, by: List[str], out: Path) -> Dict[str, Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    figs: Dict[str, Path] = {}
-    groups = list(runs.groupby(by, dropna=False)) if by else [(("all",), runs)]
-    label = lambda key: ", ".join(f"{b}={v}" for b, v in zip(by, key if isinstance(key, tuple) else (key,))) if by else "all"  # noqa: E731
-    for x_col, name, xl in (("env_steps", "return_vs_env_steps", "env steps"), ("wall_time", "return_vs_wall_clock",
-                                                                              "wall clock (s)")):
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for key, g in groups:
-            _band(ax, list(g["run_dir"]), x_col, label(key))
-        ax.set_xlabel(xl)
+def _band(ax, grid, ys, label: str, reps: int = 400) -> None:
+    mid = st.trim_mean(ys, 0.25, axis=0)
+    n = len(ys)
+    line, = ax.plot(grid, mid, label=label, lw=1.4)
+    if n >= MIN_CI_RUNS:
+        rng = np.random.default_rng(0)
+        boot = st.trim_mean(ys[rng.integers(0, n, (reps, n))], 0.25, axis=1)
+        lo, hi = np.percentile(boot, [2.5, 97.5], axis=0)
+        ax.fill_between(grid, lo, hi, alpha=0.2, color=line.get_color(), lw=0)
+    else:
+        for y in ys:
+            ax.plot(grid, y, color=line.get_color(), lw=0.6, alpha=0.45)
+
+
+def returns_figure(res: "Result", out: Path, x_col: str, name: str, xlabel: str) -> Optional[Path]:
+    panels = _panels(res)
+    fig, axes = _grid(len(panels), 2 if len(panels) > 1 else 1, w=6.2 if len(panels) == 1 else 4.8,
+                      sharey=_one_env(res))
+    drawn = False
+    for ax, (title, groups) in zip(axes, panels):
+        for lab, g in groups:
+            grid, ys = _curve_matrix(res.curves, list(g["run_id"]), x_col)
+            if grid is not None:
+                _band(ax, grid, ys, lab)
+                drawn = True
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel(xlabel)
         ax.set_ylabel("return (rolling mean)")
-        ax.set_title(f"Return vs {xl}: IQM across seeds, 95% bootstrap CI")
-        ax.legend(fontsize=7)
-        figs[name] = _save(fig, out, name)
-    # headline: learning efficiency against the lag actually measured, per algorithm
-    fig, ax = plt.subplots(figsize=(7, 4))
-    algo_col = "cfg.algo.name" if "cfg.algo.name" in runs else None
-    for a, g in (runs.groupby(algo_col) if algo_col else [("all", runs)]):
-        ax.scatter(g["lag_mean"], g["auc"], alpha=0.4, s=18)
-        pts = g.groupby(by, dropna=False) if by else [(None, g)]
-        xs = [iqm(p["lag_mean"]) for _, p in pts]
-        ys = [iqm(p["auc"]) for _, p in pts]
-        order = np.argsort(xs)
-        ax.plot(np.asarray(xs)[order], np.asarray(ys)[order], marker="o", label=str(a))
-    ax.set_xlabel("measured mean version lag")
-    ax.set_ylabel("AUC: mean return per env step")
-    ax.set_title("Learning efficiency vs policy lag (dots: runs; line: group IQM)")
-    ax.legend(fontsize=7)
-    figs["efficiency_vs_lag"] = _save(fig, out, "efficiency_vs_lag")
-    # version-lag histograms per group
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for key, g in groups:
-        vals = []
-        for r in g["run_dir"]:
-            h = histograms(r)
-            vals += [np.asarray(v, float) for v in h[h["metric"] == "lag/version_lag"]["values"]]
-        if vals:
-            v = np.concatenate(vals)
-            ax.hist(v, bins=np.arange(-0.5, max(2, v.max() + 1.5)), histtype="step", density=True, label=label(key))
-    ax.set_xlabel("version lag (updates)")
-    ax.set_ylabel("share of transitions")
-    ax.set_title("Version lag of trained transitions")
-    ax.legend(fontsize=7)
-    figs["lag_histograms"] = _save(fig, out, "lag_histograms")
-    # queue depth and data age over time
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for key, g in groups:
-        d = curves(g["run_dir"].iloc[0])
-        for ax, col in zip(axes, ("transport/queue_depth", "transport/age_s_mean")):
-            if col in d:
-                ax.plot(d["wall_time"], d[col], label=label(key), lw=0.8)
-    for ax, t in zip(axes, ("queue depth (fragments)", "time in the queue (s)")):
+        ax.grid(alpha=0.3)
+        if x_col == "env_steps":
+            _kilo(ax)
+    _fig_legend(fig, axes)
+    fig.suptitle(f"Return vs {xlabel}: IQM across seeds, 95% bootstrap CI (seeds drawn when n < {MIN_CI_RUNS})",
+                 fontsize=10)
+    if not drawn:
+        plt.close(fig)
+        return None
+    return _save(fig, out, name)
+
+
+def per_seed_figure(res: "Result", out: Path) -> Optional[Path]:
+    groups = cmp.groups_of(_used(res), res.by)
+    fig, axes = _grid(len(groups), 6 if len(groups) > 8 else 4, w=3.0, h=2.3, sharey=_one_env(res))
+    for ax, (key, g) in zip(axes, groups):
+        for rid, seed in zip(g["run_id"], g.get("cfg.seed", g["run_id"])):
+            d = res.curves[res.curves["run_id"] == rid]
+            ax.plot(d["env_steps"], d["episodic_return_mean"], lw=0.8, alpha=0.8)
+        ax.set_title(cmp.label(res.by, key), fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(4))
+        ax.set_xlabel("env steps", fontsize=7)
+        ax.set_ylabel("return", fontsize=7)
+        ax.xaxis.get_offset_text().set_fontsize(7)
+        ax.grid(alpha=0.3)
+        _kilo(ax)
+    fig.suptitle("Every seed's return (rolling mean) vs env steps, one panel per group", fontsize=10)
+    return _save(fig, out, "per_seed")
+
+
+def _numeric(values: Sequence[str]) -> Optional[np.ndarray]:
+    try:
+        return np.array([float(v) for v in values])
+    except ValueError:
+        return None
+
+
+def lag_cost_figure(res: "Result", out: Path) -> Optional[Path]:
+    s, by, base = res.summary, res.by, res.baseline
+    used = _used(res)
+    if not base or "auc_delta" not in s or len(base) != 1:
+        return None
+    if "cfg.env.id" in used and used["cfg.env.id"].nunique() > 1:
+        return None  # ΔAUC in return units of different envs do not share an axis
+    (tkey, tval), = base.items()
+    levels = s[tkey].astype(str)
+    if levels.nunique() < 2:
+        return None  # the lag is constant
+    x_set = _numeric(levels)
+    keys = [b for b in by if b != tkey]
+    fig, axes = plt.subplots(1, 2, figsize=(12.5, 4.2))
+    groups = dict(cmp.groups_of(used, by))
+    base_of = cmp.matched_baselines(list(groups), by, base)
+    for fk, f in (s.groupby(keys, sort=True, dropna=False) if keys else [("all", s)]):
+        f = f[(f[tkey].astype(str) != str(tval)) & f["auc_delta"].notna()]
+        if f.empty:
+            continue
+        lab = cmp.label(keys, cmp._key(fk)) if keys else "all"
+        x_lag = x_set[f.index] if x_set is not None else f["lag_mean_iqm"].to_numpy(float)
+        order = np.argsort(x_lag)
+        f, x_lag = f.iloc[order], x_lag[order]
+        line, = axes[0].plot(x_lag, f["auc_delta"], marker="o", label=lab)
+        c = line.get_color()
+        axes[0].fill_between(x_lag, f["auc_delta_low"], f["auc_delta_high"], alpha=0.18, color=c, lw=0)
+        kl = f["kl_behavior_iqm"].to_numpy(float) if "kl_behavior_iqm" in f else np.full(len(f), np.nan)
+        ko = np.argsort(kl)
+        axes[1].errorbar(kl[ko], f["auc_delta"].to_numpy()[ko],
+                         yerr=[f["auc_delta"].to_numpy()[ko] - f["auc_delta_low"].to_numpy()[ko],
+                               f["auc_delta_high"].to_numpy()[ko] - f["auc_delta"].to_numpy()[ko]],
+                         marker="o", color=c, capsize=3, label=lab)
+        for i, (_, r) in enumerate(f.iterrows()):  # the seeds of small groups
+            if r["runs"] >= MIN_CI_RUNS:
+                continue
+            key = tuple(str(r[b]) for b in by)
+            g, b0 = groups[key], groups[base_of[key]]
+            if cmp.paired(g, b0):  # the per-seed differences whose range the band shows
+                ga, ba = cmp._finite_pairs(cmp._by_seed(g), cmp._by_seed(b0), "auc")
+                d = ga["auc"].to_numpy(float) - ba["auc"].to_numpy(float)
+            else:
+                d = g["auc"].to_numpy(float) - float(st.trim_mean(b0["auc"].to_numpy(float), 0.25))
+            axes[0].scatter(np.full(len(d), x_lag[i]), d, s=12, color=c, alpha=0.5, zorder=3)
+    axes[0].set_xscale("log", base=2)
+    xs = sorted(set(x_set[x_set > 0])) if x_set is not None else None
+    if xs:
+        axes[0].set_xticks(xs)
+        axes[0].set_xticklabels([f"{v:g}" for v in xs])
+    axes[0].set_xlabel(f"{tkey[4:] if tkey.startswith('cfg.') else tkey} (log2 axis)" if x_set is not None
+                       else "measured mean version lag (log2 axis)")
+    axes[1].set_xlabel("measured KL(behavior ‖ current) per update (IQM)")
+    if np.all(s.loc[s[tkey].astype(str) != str(tval), "kl_behavior_iqm"].dropna() > 0):
+        axes[1].set_xscale("log")
+        axes[1].xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axes[1].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        axes[1].xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    for ax in axes:
+        ax.axhline(0, color="0.4", lw=0.8, ls="--")
+        ax.set_ylabel(f"ΔAUC vs own {tkey.split('.')[-1]}={tval}\n(mean return per env step)")
+        ax.grid(alpha=0.3)
+    _legend(axes[1])
+    small = bool((s["runs"] < MIN_CI_RUNS).any())
+    same = ", ".join(k.split(".")[-2] if k.count(".") >= 2 else k for k in keys) or "group"  # cfg.algo.name: algo
+    fig.suptitle(f"Lag cost: AUC minus the AUC of the same {same} at {tkey.split('.')[-1]}={tval} (IQM difference; "
+                 + ("band: seed range where a group has < 5 runs, dots: seeds; " if small else "band: 95% CI; ")
+                 + "below 0 = lag costs)", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, out, "lag_cost")
+
+
+def profile_figure(res: "Result", out: Path) -> Optional[Path]:
+    used = _used(res)
+    if "cfg.env.id" not in used:
+        return None
+    ns = normalize(used["auc"].to_numpy(float), used["cfg.env.id"])
+    if not np.isfinite(ns).any():
+        return None
+    used = used.assign(_ns=ns)
+    lo, hi = np.nanmin(ns), np.nanmax(ns)
+    pad = 0.05 * max(hi - lo, 0.05)
+    taus = np.linspace(lo - pad, hi + pad, 200)
+    panels = _panels(res.__class__(**{**res.__dict__, "runs": used.assign(used=True)}))
+    fig, axes = _grid(len(panels), 2 if len(panels) > 1 else 1, w=6.0 if len(panels) == 1 else 4.8)
+    for ax, (title, groups) in zip(axes, panels):
+        for lab, g in groups:
+            x = g["_ns"].to_numpy(float)
+            x = x[np.isfinite(x)]
+            if not len(x):
+                continue
+            tasks = [g.loc[g["cfg.env.id"] == e, "_ns"].to_numpy(float) for e in dict.fromkeys(g["cfg.env.id"])]
+            b = profile_band([t[np.isfinite(t)] for t in tasks], taus, reps=500)
+            line, = ax.plot(taus, b["profile"], label=lab, lw=1.3)
+            if len(x) >= MIN_CI_RUNS:
+                ax.fill_between(taus, b["low"], b["high"], alpha=0.15, color=line.get_color(), lw=0)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("normalized AUC τ (0 random policy, 1 reference PPO's final return)")
+        ax.set_ylabel("fraction of runs with score > τ")
+        ax.grid(alpha=0.3)
+    _fig_legend(fig, axes)
+    fig.suptitle("Performance profile of the normalized AUC (rliable's score distribution), 95% stratified "
+                 "bootstrap CI", fontsize=10)
+    return _save(fig, out, "performance_profile")
+
+
+def lag_hist_figure(res: "Result", out: Path) -> Optional[Path]:
+    if res.lags.empty:
+        return None
+    panels = _panels(res)
+    fig, axes = _grid(len(panels), 2 if len(panels) > 1 else 1, w=6.0 if len(panels) == 1 else 4.8)
+    for ax, (title, groups) in zip(axes, panels):
+        for lab, g in groups:
+            c = res.lags[res.lags["run_id"].isin(g["run_id"])].groupby("lag")["count"].sum()
+            if len(c):
+                ax.step(c.index, c.to_numpy() / c.sum(), where="mid", label=lab)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("version lag (updates)")
+        ax.set_ylabel("share of trained transitions")
+        ax.grid(alpha=0.3)
+    _fig_legend(fig, axes)
+    fig.suptitle("Version lag of trained transitions", fontsize=10)
+    return _save(fig, out, "lag_histograms")
+
+
+def queue_figure(res: "Result", out: Path) -> Optional[Path]:
+    c = res.curves
+    if "queue_depth" not in c or not (c["queue_depth"].fillna(0) != 0).any():
+        return None  # no queue (sync runs) or one that never held anything
+    used = _used(res)
+    fig, axes = plt.subplots(1, 2, figsize=(12.5, 3.8))
+    for key, g in cmp.groups_of(used, res.by):
+        d = c[c["run_id"] == g["run_id"].iloc[0]]
+        if not d["queue_depth"].notna().any():
+            continue
+        axes[0].plot(d["wall_time"], d["queue_depth"], lw=0.8, label=cmp.label(res.by, key))
+        if "age_s" in d:
+            axes[1].plot(d["wall_time"], d["age_s"], lw=0.8, label=cmp.label(res.by, key))
+    axes[0].set_ylabel("queue depth (fragments)")
+    axes[1].set_ylabel("time in the queue (s)")
+    for ax in axes:
         ax.set_xlabel("wall clock (s)")
-        ax.set_title(t + " (first seed of each group)")
-    axes[0].legend(fontsize=6)
-    figs["queue"] = _save(fig, out, "queue")
-    # SPS and KL against actor count
-    if "cfg.actors" in runs and runs["cfg.actors"].nunique() > 1:
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-        for a, g in (runs.groupby(algo_col) if algo_col else [("all", runs)]):
-            s = g.groupby("cfg.actors").agg(sps=("sps", iqm), kl=("kl_behavior", iqm)).reset_index()
-            axes[0].plot(s["cfg.actors"], s["sps"], marker="o", label=str(a))
-            axes[1].plot(s["cfg.actors"], s["kl"], marker="o", label=str(a))
-        axes[0].set_title("SPS (IQM) vs actors")
-        axes[1].set_title("KL(behavior || current) (IQM) vs actors")
-        for ax in axes:
-            ax.set_xlabel("actors")
-        axes[0].legend(fontsize=7)
-        figs["actors"] = _save(fig, out, "actors")
-    return figs
+        ax.grid(alpha=0.3)
+    _legend(axes[1])
+    fig.suptitle("Queue depth and data age over time (first seed of each group)", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, out, "queue")
+
+
+def actors_figure(res: "Result", out: Path) -> Optional[Path]:
+    used = _used(res)
+    if "cfg.actors" not in used or used["cfg.actors"].nunique() < 2:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(12.5, 3.8))
+    algo = "cfg.algo.name" if "cfg.algo.name" in used else None
+    for a, g in (used.groupby(algo) if algo else [("all", used)]):
+        t = g.groupby("cfg.actors").agg(sps=("sps", lambda x: st.trim_mean(x, 0.25)),
+                                        kl=("kl_behavior", lambda x: st.trim_mean(x, 0.25))).reset_index()
+        axes[0].plot(t["cfg.actors"], t["sps"], marker="o", label=str(a))
+        axes[1].plot(t["cfg.actors"], t["kl"], marker="o", label=str(a))
+    axes[0].set_ylabel("env steps per second (IQM)")
+    axes[1].set_ylabel("KL(behavior ‖ current) (IQM)")
+    for ax in axes:
+        ax.set_xlabel("actors")
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+    _legend(axes[1])
+    fig.tight_layout()
+    return _save(fig, out, "actors")
+
+
+def make_all(res: "Result", out: Path) -> Dict[str, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.png"):
+        old.unlink()  # a figure that no longer applies must not linger from an earlier build
+    figs = {
+        "lag_cost": lag_cost_figure(res, out),
+        "return_vs_env_steps": returns_figure(res, out, "env_steps", "return_vs_env_steps", "env steps"),
+        "return_vs_wall_clock": returns_figure(res, out, "wall_time", "return_vs_wall_clock", "wall clock (s)"),
+        "per_seed": per_seed_figure(res, out),
+        "performance_profile": profile_figure(res, out),
+        "lag_histograms": lag_hist_figure(res, out),
+        "queue": queue_figure(res, out),
+        "actors": actors_figure(res, out),
+    }
+    return {k: p for k, p in figs.items() if p is not None}

@@ -2,7 +2,10 @@
 resolved config flattened to dotted keys (from ``.hydra/config.yaml``), the command-line overrides, the
 summary (status, env steps, SPS, returns, the transport books), the provenance the run recorded, and the
 evaluation score (``eval.*``: evaluate.py's newest deterministic score of this run's checkpoints/final.pt
-without config overrides, from ``evals.jsonl``) where there is one."""
+without config overrides, from ``evals.jsonl``) where there is one.
+
+A report dir (``runs.csv`` + ``curves.parquet``, what ``analysis.report`` writes) stands for the runs it was
+built from: its compact files are all a report needs to be rebuilt."""
 from __future__ import annotations
 
 import json
@@ -13,17 +16,37 @@ import pandas as pd
 import yaml
 
 
+class AnalysisError(ValueError):
+    """A user-caused problem with the runs asked for; the message says what and how to proceed."""
+
+
+# the compact files of a report dir
+RUNS_CSV, CURVES, LAG_COUNTS, REPORT_JSON = "runs.csv", "curves.parquet", "lag_counts.csv", "report.json"
+
+
+def is_report_dir(p: str | Path) -> bool:
+    """A dir holding a report's compact data (runs.csv and curves.parquet)."""
+    p = Path(p)
+    return (p / RUNS_CSV).is_file() and (p / CURVES).is_file()
+
+
 def find_runs(paths: Iterable[str | Path]) -> List[Path]:
     """Every run dir (a dir with summary.json) at or below the given paths, sorted, without repeats."""
     out = set()
     for p in map(Path, paths):
         if not p.exists():
             raise FileNotFoundError(f"{p}: no such run or sweep dir")
+        if is_report_dir(p) and not (p / "summary.json").exists():
+            continue
         if (p / "summary.json").exists():
             out.add(p.resolve())
         else:
             out.update(s.parent.resolve() for s in p.rglob("summary.json"))
-    if not out:
+    old = [p for p in map(Path, paths) if (p / RUNS_CSV).is_file() and not (p / CURVES).is_file()]
+    if not out and old:
+        raise FileNotFoundError(f"{old[0]}: a report without its compact data (no {CURVES}; built before reports "
+                                "carried their curves): rebuild it from its run dirs")
+    if not out and not any(is_report_dir(p) for p in map(Path, paths)):
         raise FileNotFoundError(f"no run dirs (with a summary.json) under {', '.join(map(str, paths))}")
     return sorted(out)
 
@@ -76,11 +99,12 @@ def load_run(run_dir: Path) -> Dict[str, object]:
 
 
 def load(paths: Iterable[str | Path]) -> pd.DataFrame:
-    """One row per run; config columns are ``cfg.<dotted key>``."""
+    """One row per run dir found under ``paths`` (report dirs are not read here); config columns are
+    ``cfg.<dotted key>``."""
     return pd.DataFrame([load_run(r) for r in find_runs(paths)])
 
 
-def curves(run_dir: str | Path) -> pd.DataFrame:
+def metrics(run_dir: str | Path) -> pd.DataFrame:
     """metrics.parquet of one run (one row per learner update)."""
     return pd.read_parquet(Path(run_dir) / "metrics.parquet")
 

@@ -1,7 +1,10 @@
-"""Measures per run, from its run dir: learning efficiency per env step (``auc``), env steps and wall time
-to a return threshold, final return, throughput, lag (mean / p95 / max), KL(behavior || current), kept
-fraction, the queue's depth and data age, and what the updates did while the run was learning (clip fraction,
-KL moved per update, entropy)."""
+"""Measures per run, from its learning curve (metrics.parquet: one row per learner update): learning efficiency
+per env step (``auc``, over the common span [0, budget]), env steps and wall time to a return threshold,
+throughput, lag (mean / p95 / max), KL(behavior || current), kept fraction, the queue's depth and data age, and
+what the updates did while the run was learning (clip fraction, KL moved per update, entropy).
+
+Final return has one definition: the run's own ``summary.json`` ``final_return_mean`` (the mean return of the
+last ``tracking.return_window`` episodes), never recomputed here."""
 from __future__ import annotations
 
 from typing import Dict, Optional
@@ -9,7 +12,7 @@ from typing import Dict, Optional
 import numpy as np
 import pandas as pd
 
-from .load import curves, histograms
+RETURN = "episodic_return_mean"
 
 # default return thresholds per env id ("solved" levels; override with --threshold)
 THRESHOLDS: Dict[str, float] = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0, "Pendulum-v1": -200.0,
@@ -17,19 +20,29 @@ THRESHOLDS: Dict[str, float] = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0, "Pen
                                 "Hopper-v5": 2000.0, "Walker2d-v5": 2000.0}
 
 
-def auc(env_steps: np.ndarray, returns: np.ndarray) -> float:
-    """Learning efficiency per env step: the trapezoidal area under the return curve against env steps,
-    divided by the env-step span (the mean return per env step over the run). Rows before the first finished
-    episode (NaN return) are left out."""
+def auc(env_steps: np.ndarray, returns: np.ndarray, budget: float) -> float:
+    """Learning efficiency per env step over the common span [0, budget].
+
+    The return curve (the rolling episodic return at each learner update, against env steps, linear between
+    updates) is extended as a constant back to step 0 with its first defined value and forward to ``budget`` with
+    its last; its integral over [0, budget] divided by ``budget`` is the mean return per env step. Runs of one
+    budget thus share one span, whenever their first episode finished. Points past the budget are cut off at it.
+    NaN when the run has no finished episode."""
     x, y = np.asarray(env_steps, float), np.asarray(returns, float)
     ok = np.isfinite(x) & np.isfinite(y)
     x, y = x[ok], y[ok]
-    if len(x) < 2 or x[-1] <= x[0]:
-        return float(y[0]) if len(y) == 1 else float("nan")
-    return float(np.sum((y[1:] + y[:-1]) * np.diff(x)) / 2.0 / (x[-1] - x[0]))
+    if not len(x) or not np.isfinite(budget) or budget <= 0:
+        return float("nan")
+    order = np.argsort(x, kind="stable")
+    x, y = x[order], y[order]
+    inside = x < budget
+    end = float(np.interp(budget, x, y))  # the value at the budget (the last value when the curve ends before)
+    xs = np.concatenate([[0.0], x[inside & (x > 0)], [budget]])
+    ys = np.concatenate([[y[0]], y[inside & (x > 0)], [end]])
+    return float(np.sum((ys[1:] + ys[:-1]) * np.diff(xs)) / 2.0 / budget)
 
 
-def first_reach(df: pd.DataFrame, threshold: float, column: str = "episodic_return_mean") -> Dict[str, float]:
+def first_reach(df: pd.DataFrame, threshold: float, column: str = RETURN) -> Dict[str, float]:
     """Env steps and wall seconds at the first update whose rolling return is >= threshold (NaN if never)."""
     hit = df[df[column] >= threshold]
     if hit.empty:
@@ -41,21 +54,20 @@ def _mean(df: pd.DataFrame, col: str) -> float:
     return float(df[col].mean()) if col in df and len(df) else float("nan")
 
 
-def run_measures(run_dir: str, env_id: Optional[str], threshold: Optional[float] = None) -> Dict[str, float]:
-    df = curves(run_dir)
-    thr = threshold if threshold is not None else THRESHOLDS.get(env_id or "", float("nan"))
-    m: Dict[str, float] = {"threshold": thr}
+def run_measures(df: pd.DataFrame, budget: float, threshold: float,
+                 lags: Optional[np.ndarray] = None) -> Dict[str, float]:
+    """Measures of one run from its metrics (``df``), its env-step budget, the return threshold, and the version
+    lags of its trained transitions where they were sampled (histograms.parquet)."""
+    m: Dict[str, float] = {"threshold": threshold, "budget": budget}
     if df.empty:
         return m
-    m["auc"] = auc(df["env_steps"].to_numpy(), df["episodic_return_mean"].to_numpy())
-    m.update(first_reach(df, thr) if np.isfinite(thr) else {"steps_to_threshold": float("nan"),
-                                                             "time_to_threshold": float("nan")})
-    m["final_return"] = float(df["episodic_return_mean"].iloc[-1])
+    m["auc"] = auc(df["env_steps"].to_numpy(), df[RETURN].to_numpy(), budget)
+    m.update(first_reach(df, threshold) if np.isfinite(threshold) else {"steps_to_threshold": float("nan"),
+                                                                          "time_to_threshold": float("nan")})
+    m["reached"] = bool(np.isfinite(m["steps_to_threshold"])) if np.isfinite(threshold) else None
     m["lag_mean"] = _mean(df, "lag/mean")
     m["lag_max"] = float(df["lag/max"].max()) if "lag/max" in df else float("nan")
-    h = histograms(run_dir)
-    lags = h[h["metric"] == "lag/version_lag"]["values"]
-    m["lag_p95"] = float(np.percentile(np.concatenate([np.asarray(v, float) for v in lags]), 95)) if len(lags) else m["lag_max"]
+    m["lag_p95"] = float(np.percentile(lags, 95)) if lags is not None and len(lags) else m["lag_max"]
     # a KL is never negative (runs logged before the estimator was clamped can hold float noise like -3e-9)
     m["kl_behavior"] = float(np.maximum(0.0, _mean(df, "lag/kl_behavior")))
     m["kept_frac"] = _mean(df, "lag/kept_frac")
@@ -76,3 +88,5 @@ def run_measures(run_dir: str, env_id: Optional[str], threshold: Optional[float]
 MEASURES = ["auc", "final_return", "steps_to_threshold", "time_to_threshold", "sps", "lag_mean", "lag_p95", "lag_max",
             "kl_behavior", "kept_frac", "dropped_frac", "rejected_frac", "queue_depth", "age_s", "clip_frac",
             "update_kl", "entropy"]
+# measures taken on the wall clock: only comparable between runs on an equally quiet machine
+WALL_CLOCK = ["time_to_threshold", "sps"]

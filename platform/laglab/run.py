@@ -43,9 +43,15 @@ def resume_checkpoint(run_dir: str) -> Path:
 
 
 def provenance() -> Dict[str, Any]:
-    """Where a run came from: git commit and dirty flag of the source tree, package versions, host, command
-    line, start time (the analysis warns when pooled runs differ)."""
+    """Where a run came from and what the machine was doing when it started: git commit and dirty flag of the
+    source tree, package versions, host, command line, start time, and the host's load (``load_1min``: the 1-min
+    load average; ``cpu_count``; ``cpu_busy``: the fraction of all CPUs busy over a 0.2 s sample taken while this
+    process waits, i.e. the others' load; ``laglab_runs_alive``: other processes running train.py, not this one's
+    ancestors). The analysis shows the code per group, warns when groups ran different code, and warns when
+    wall-clock measures were taken under load. (Only the start is recorded: the run's end would need a second
+    call from run(), which is outside this function.)"""
     import datetime
+    import os
     import platform as stdlib_platform
     import subprocess
     import sys
@@ -66,6 +72,41 @@ def provenance() -> Dict[str, Any]:
         out["git_dirty"] = bool(git("status", "--porcelain", "--untracked-files=no")) if out["git_commit"] else None
     except (OSError, subprocess.SubprocessError):
         out["git_commit"], out["git_dirty"] = None, None
+    out["cpu_count"] = os.cpu_count()
+    try:
+        out["load_1min"] = os.getloadavg()[0]
+    except OSError:
+        out["load_1min"] = None
+
+    def cpu_times():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + (v[4] if len(v) > 4 else 0)  # total, idle + iowait
+
+    try:
+        (t0, i0), _ = cpu_times(), time.sleep(0.2)
+        t1, i1 = cpu_times()
+        out["cpu_busy"] = round(1.0 - (i1 - i0) / (t1 - t0), 3) if t1 > t0 else None
+    except (OSError, ValueError, IndexError):
+        out["cpu_busy"] = None
+    try:
+        mine, pid = set(), os.getpid()
+        while pid > 1 and pid not in mine:  # this process and its ancestors (a sweep's parent, a launcher)
+            mine.add(pid)
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        alive = 0
+        for d in os.listdir("/proc"):
+            if d.isdigit() and int(d) not in mine:
+                try:
+                    with open(f"/proc/{d}/cmdline", "rb") as f:
+                        argv = f.read().split(b"\0")
+                except OSError:
+                    continue
+                alive += any(a.endswith(b"train.py") for a in argv)
+        out["laglab_runs_alive"] = alive
+    except OSError:
+        out["laglab_runs_alive"] = None
     return out
 
 

@@ -1,0 +1,356 @@
+"""Groups and comparisons: which runs form a group, which group is each group's baseline, and what the statistics
+say per group (IQM with its interval, reached fractions, code versions), against the matched baseline (cost as
+ΔAUC and AUC ratio, probability of improvement), between two families' costs, on normalized scores (rliable's
+aggregates), and for a hyperparameter chosen on some seeds and reported on the others.
+
+**Matched baseline.** ``baseline={"cfg.actor.fixed_lag": "0"}`` means "this value of this key, all other
+grouping keys equal": the group (algo=ppo, lag=4) is compared with (algo=ppo, lag=0), never with a pool of every
+lag-0 run. Groups that share everything but the baseline keys form a *family* (here: one algorithm).
+
+**Intervals.** A group of 5 runs or more gets the percentile bootstrap 95% CI (stratified by env id, 2000
+resamples, a fixed seed so tables regenerate identically). Below 5 runs an interval is the range of the seeds
+(``interval`` says which); a difference's range is then that of the per-seed differences.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pandas as pd
+
+from . import stats
+from .load import AnalysisError  # noqa: F401 - re-exported
+from .measures import MEASURES
+from .references import normalize
+
+MIN_CI_RUNS = 5  # below this many runs per group an interval is the seed range, not a CI
+MIN_CLAIM_RUNS = 10  # runs per arm a claim in the README needs
+REPS, BOOT_SEED = 2000, 0
+
+# config keys that differ between runs without being a treatment
+IGNORED = {"cfg.seed", "cfg.resume", "cfg.tracking.wandb.group", "cfg.tracking.wandb.name"}
+IGNORED_PREFIX = ("cfg.tracking.",)
+
+
+def varying_keys(runs: pd.DataFrame) -> List[str]:
+    """Config keys that vary across the runs (seed and tracking excluded); a key that the keys already kept
+    determine (algo=vtrace always comes with estimator=vtrace) is left out."""
+    cols = [c for c in runs.columns if c.startswith("cfg.") and c not in IGNORED and not c.startswith(IGNORED_PREFIX)]
+    out: List[str] = []
+    as_str = runs[cols].astype(str)
+    for c in cols:
+        if as_str[c].nunique(dropna=False) <= 1:
+            continue
+        if out and as_str.groupby(out)[c].nunique().max() == 1:
+            continue  # a function of the keys already kept
+        out.append(c)
+    return out
+
+
+def parse_assignments(text: Optional[str]) -> Dict[str, str]:
+    """``"cfg.actor.fixed_lag=0"`` (several joined by ``;``) -> {key: value}."""
+    if not text:
+        return {}
+    out = {}
+    for part in text.split(";"):
+        if "=" not in part:
+            raise AnalysisError(f"{text!r}: expected key=value, e.g. cfg.actor.fixed_lag=0")
+        k, v = part.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def parse_seeds(text: str) -> List[int]:
+    """``"seed=0-4"`` or ``"0,1,2"`` or ``"0-2,7"`` -> [0, 1, 2, ...]."""
+    text = text.split("=", 1)[1] if "=" in text else text
+    out: List[int] = []
+    try:
+        for part in filter(None, text.split(",")):
+            a, _, b = part.partition("-")
+            out += list(range(int(a), int(b) + 1)) if b else [int(a)]
+    except ValueError:
+        raise AnalysisError(f"{text!r}: expected seeds like seed=0-4 or seed=0,1,2") from None
+    return out
+
+
+def _key(values) -> tuple:
+    return tuple(str(v) for v in (values if isinstance(values, tuple) else (values,)))
+
+
+def groups_of(runs: pd.DataFrame, by: Sequence[str]) -> List[Tuple[tuple, pd.DataFrame]]:
+    """(string key, runs) per group, in sorted order of the group values."""
+    if not by:
+        return [((), runs)]
+    return [(_key(k), g) for k, g in runs.groupby(list(by), dropna=False, sort=True)]
+
+
+def label(by: Sequence[str], key: tuple, short: bool = True) -> str:
+    if not by:
+        return "all"
+    name = (lambda b: b[4:] if b.startswith("cfg.") else b) if short else (lambda b: b)
+    return ", ".join(f"{name(b)}={v}" for b, v in zip(by, key))
+
+
+def matched_baselines(keys: Sequence[tuple], by: Sequence[str], baseline: Dict[str, str]) -> Dict[tuple, Optional[tuple]]:
+    """For each group key, the key of its baseline: the same values on every grouping key but the baseline's
+    keys, which take the baseline's values (None when no such group ran)."""
+    if not baseline:
+        return {k: None for k in keys}
+    missing = [b for b in baseline if b not in by]
+    if missing:
+        raise AnalysisError(f"baseline key {', '.join(missing)} is not a grouping key (groups are by "
+                            f"{', '.join(by) or 'nothing'}); a baseline fixes one value of a grouping key, all "
+                            "other keys equal")
+    pos = {b: by.index(b) for b in baseline}
+    present = set(keys)
+    out = {}
+    for k in keys:
+        t = list(k)
+        for b, v in baseline.items():
+            t[pos[b]] = str(v)
+        out[k] = tuple(t) if tuple(t) in present else None
+    return out
+
+
+def family(by: Sequence[str], key: tuple, baseline: Dict[str, str]) -> tuple:
+    """The key without the baseline's keys (groups of one family share a baseline)."""
+    return tuple(v for b, v in zip(by, key) if b not in baseline)
+
+
+def _tasks(g: pd.DataFrame, col: str, tasks: Optional[List] = None) -> Tuple[List[np.ndarray], List]:
+    env = g["cfg.env.id"] if "cfg.env.id" in g else pd.Series(["-"] * len(g), index=g.index)
+    order = tasks if tasks is not None else list(dict.fromkeys(env.tolist()))
+    return [g.loc[env == t, col].to_numpy(float) for t in order], order
+
+
+def _by_seed(g: pd.DataFrame) -> pd.DataFrame:
+    return g.sort_values("cfg.seed") if "cfg.seed" in g else g
+
+
+def paired(g: pd.DataFrame, b: pd.DataFrame) -> bool:
+    """Seeds match: every task has the same seeds (each once) in both groups."""
+    if "cfg.seed" not in g or "cfg.seed" not in b:
+        return False
+    env = "cfg.env.id" if "cfg.env.id" in g else None
+    for t in (g[env].unique() if env else [None]):
+        sg = g if t is None else g[g[env] == t]
+        sb = b if t is None else b[b[env] == t]
+        if sg["cfg.seed"].duplicated().any() or sorted(sg["cfg.seed"]) != sorted(sb["cfg.seed"]):
+            return False
+    return True
+
+
+def _finite_pairs(g: pd.DataFrame, b: pd.DataFrame, col: str) -> Tuple[pd.DataFrame, pd.DataFrame]:
+    """With paired seeds, keep only the seeds whose measure is finite on both sides."""
+    finite = lambda d: set(d.loc[np.isfinite(d[col].astype(float)), "cfg.seed"])  # noqa: E731
+    ok = finite(g) & finite(b)
+    return g[g["cfg.seed"].isin(ok)], b[b["cfg.seed"].isin(ok)]
+
+
+def compare(g: pd.DataFrame, b: pd.DataFrame, col: str = "auc", reps: int = REPS,
+            seed: int = BOOT_SEED) -> Dict[str, object]:
+    """ΔIQM and IQM ratio of ``col`` (group minus / over baseline) and the probability of improvement, each with
+    its interval: the bootstrap 95% CI (resampled by seed when the seeds match) from 5 runs per side, the range
+    of the per-seed (paired) or pairwise differences below."""
+    is_paired = paired(g, b)
+    if is_paired:
+        g, b = _finite_pairs(_by_seed(g), _by_seed(b), col)
+    xt, tasks = _tasks(g, col)
+    yt, _ = _tasks(b, col, tasks)
+    n = min(sum(map(len, xt)), sum(map(len, yt)))
+    out: Dict[str, object] = {"paired": is_paired, "n_compared": n}
+    if n == 0:
+        return out
+    if n >= MIN_CI_RUNS:
+        out["delta"], out["delta_low"], out["delta_high"] = stats.interval2(stats.difference(stats.iqm), xt, yt,
+                                                                            is_paired, reps, seed=seed)
+        out["ratio"], out["ratio_low"], out["ratio_high"] = stats.interval2(stats.ratio(stats.iqm), xt, yt,
+                                                                            is_paired, reps, seed=seed)
+        out["poi"], out["poi_low"], out["poi_high"] = stats.interval2(stats.probability_of_improvement, xt, yt,
+                                                                      False, reps, seed=seed)
+        out["interval"] = "bootstrap 95% CI"
+    else:
+        x, y = np.concatenate(xt), np.concatenate(yt)
+        d = x - y if is_paired else (x[:, None] - y[None, :]).ravel()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = x / y if is_paired else (x[:, None] / y[None, :]).ravel()
+        out["delta"], (out["delta_low"], out["delta_high"]) = stats.iqm(xt) - stats.iqm(yt), stats.seed_range(d)
+        out["ratio"], (out["ratio_low"], out["ratio_high"]) = stats.iqm(xt) / stats.iqm(yt), stats.seed_range(r)
+        out["poi"], out["poi_low"], out["poi_high"] = stats.probability_of_improvement(xt, yt), float("nan"), float("nan")
+        out["interval"] = "seed range"
+    return out
+
+
+def _code(g: pd.DataFrame) -> str:
+    c, d = "provenance.git_commit", "provenance.git_dirty"
+    if c not in g:
+        return "unknown"
+    vals = sorted({(str(a)[:7] if isinstance(a, str) else "unknown") + ("+dirty" if str(x) == "True" else "")
+                   for a, x in zip(g[c], g[d] if d in g else [False] * len(g))})
+    return " ".join(vals)
+
+
+def summarize(df: pd.DataFrame, by: Optional[Sequence[str]] = None, baseline: Optional[Dict[str, str]] = None,
+              measures: Sequence[str] = MEASURES, reps: int = REPS, seed: int = BOOT_SEED) -> pd.DataFrame:
+    """One row per group of the used runs of ``df`` (:func:`analysis.load_runs`): ``runs``, per measure
+    ``<m>_iqm``, ``<m>_mean``, ``<m>_low``, ``<m>_high`` (the interval named in ``interval``), ``reached`` for the
+    threshold, the code (``git commit[+dirty]``) the group ran, and against the matched baseline (``baseline``:
+    {key: value}) ``baseline``, ``paired``, ``auc_delta``, ``auc_ratio``, ``auc_poi`` with ``_low`` / ``_high``."""
+    used = df[df["used"]] if "used" in df else df
+    by = list(varying_keys(used) if by is None else by)
+    baseline = {k: str(v) for k, v in (baseline or {}).items()}
+    grouped = groups_of(used, by)
+    base_of = matched_baselines([k for k, _ in grouped], by, baseline)
+    table = dict(grouped)
+    out = []
+    for key, g in grouped:
+        row: Dict[str, object] = {b: g[b].iloc[0] for b in by}
+        n = len(g)
+        row["runs"] = n
+        row["interval"] = "bootstrap 95% CI" if n >= MIN_CI_RUNS else "seed range"
+        for m in measures:
+            if m not in g:
+                continue
+            xt, _ = _tasks(g, m)
+            row[f"{m}_iqm"] = stats.iqm(xt)
+            row[f"{m}_mean"] = stats.mean(xt)
+            if n >= MIN_CI_RUNS:
+                _, row[f"{m}_low"], row[f"{m}_high"] = stats.interval(stats.iqm, xt, reps, seed=seed)
+            else:
+                row[f"{m}_low"], row[f"{m}_high"] = stats.seed_range(np.concatenate(xt))
+        if "reached" in g and g["reached"].notna().any():
+            row["reached"] = int(g["reached"].astype(bool).sum())
+        row["code"] = _code(g)
+        if baseline:
+            bk = base_of[key]
+            row["baseline"] = label(by, bk) if bk is not None else "none"
+            if bk is not None and "auc" in g:
+                c = compare(g, table[bk], "auc", reps, seed)
+                row["paired"] = c["paired"]
+                for k in ("delta", "ratio", "poi"):
+                    for s in ("", "_low", "_high"):
+                        row[f"auc_{k}{s}"] = c.get(f"{k}{s}", float("nan"))
+                row["comparison_interval"] = c.get("interval", "")
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def cost_differences(df: pd.DataFrame, by: Sequence[str], baseline: Dict[str, str], col: str = "auc",
+                     reps: int = REPS, seed: int = BOOT_SEED) -> pd.DataFrame:
+    """The difference in cost between two families at each treatment level: (IQM(a, level) - IQM(a, baseline)) -
+    (IQM(b, level) - IQM(b, baseline)), for every pair of families that differ in one key (e.g. two algorithms),
+    with its bootstrap 95% CI (each family resampled by seed when its seeds match; the seed range of the per-seed
+    differences of differences below 5 runs)."""
+    used = df[df["used"]] if "used" in df else df
+    baseline = {k: str(v) for k, v in (baseline or {}).items()}
+    if not baseline:
+        return pd.DataFrame()
+    grouped = dict(groups_of(used, by))
+    base_of = matched_baselines(list(grouped), by, baseline)
+    fam_keys = [b for b in by if b not in baseline]
+    fams: Dict[tuple, List[tuple]] = {}
+    for k, bk in base_of.items():
+        if bk is not None and k != bk:
+            fams.setdefault(family(by, k, baseline), []).append(k)
+    level = lambda k: tuple(v for b, v in zip(by, k) if b in baseline)  # noqa: E731
+    rows = []
+    for fa, fb in itertools.combinations(sorted(fams), 2):
+        diff = [i for i in range(len(fa)) if fa[i] != fb[i]]
+        if len(diff) != 1:
+            continue
+        lv_b = {level(k): k for k in fams[fb]}
+        for ka in fams[fa]:
+            kb = lv_b.get(level(ka))
+            if kb is None:
+                continue
+            a, a0, b, b0 = grouped[ka], grouped[base_of[ka]], grouped[kb], grouped[base_of[kb]]
+            pa, pb = paired(a, a0), paired(b, b0)
+            row = {"key": fam_keys[diff[0]], "a": fa[diff[0]], "b": fb[diff[0]],
+                   **{f"level.{b_}": v for b_, v in zip(baseline, level(ka))}}
+            if pa:
+                a, a0 = _finite_pairs(_by_seed(a), _by_seed(a0), col)
+            if pb:
+                b, b0 = _finite_pairs(_by_seed(b), _by_seed(b0), col)
+            ts = _tasks(a, col)[1]
+            at, a0t, bt, b0t = (_tasks(x, col, ts)[0] for x in (a, a0, b, b0))
+            n = min(len(a), len(a0), len(b), len(b0))
+            if n >= MIN_CI_RUNS:
+                p, lo, hi = stats.difference_of_differences(stats.iqm, at, a0t, bt, b0t, pa, pb, reps, seed=seed)
+                kind = "bootstrap 95% CI"
+            else:
+                p = (stats.iqm(at) - stats.iqm(a0t)) - (stats.iqm(bt) - stats.iqm(b0t))
+                da = (a[col].to_numpy(float) - a0[col].to_numpy(float)) if pa else \
+                    (a[col].to_numpy(float)[:, None] - a0[col].to_numpy(float)[None, :]).ravel()
+                db = (b[col].to_numpy(float) - b0[col].to_numpy(float)) if pb else \
+                    (b[col].to_numpy(float)[:, None] - b0[col].to_numpy(float)[None, :]).ravel()
+                lo, hi = stats.seed_range((da[:, None] - db[None, :]).ravel())
+                kind = "seed range"
+            row.update({"cost_a": stats.iqm(at) - stats.iqm(a0t), "cost_b": stats.iqm(bt) - stats.iqm(b0t),
+                        "difference": p, "low": lo, "high": hi, "interval": kind, "runs": n})
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def select(df: pd.DataFrame, key: str, on_seeds: Sequence[int], by: Sequence[str],
+           col: str = "auc") -> Tuple[pd.DataFrame, pd.DataFrame]:
+    """Tuning without selection bias: per group of ``by`` (``key`` excluded), the value of ``key`` with the best
+    IQM of ``col`` over the runs of the selection seeds; the group is then reported on the other seeds only.
+    Returns (the runs with ``used`` kept only for the held-out runs of the chosen values and a ``selection``
+    column, one row per group with the chosen value and each candidate's selection IQM)."""
+    if key not in df:
+        raise AnalysisError(f"--select {key}: no such column; config columns look like cfg.learner.lr")
+    by = [b for b in by if b != key]
+    df = df.copy()
+    used = df["used"].copy() if "used" in df else pd.Series(True, index=df.index)
+    sel_seed = df["cfg.seed"].isin(list(on_seeds))
+    df["selection"] = np.where(sel_seed, "selection", "held-out")
+    rows = []
+    keep = pd.Series(False, index=df.index)
+    for gk, g in groups_of(df[used], by):
+        cand = {}
+        for v, gv in g[sel_seed[g.index]].groupby(key, dropna=False, sort=True):
+            cand[str(v)] = stats.iqm(gv[col].to_numpy(float))
+        finite = {v: s for v, s in cand.items() if np.isfinite(s)}
+        if not finite:
+            raise AnalysisError(f"group {label(by, gk)}: no run of the selection seeds {list(on_seeds)} to select on")
+        best = max(finite, key=lambda v: finite[v])
+        held = g[(g[key].astype(str) == best) & ~sel_seed[g.index]]
+        if held.empty:
+            raise AnalysisError(f"group {label(by, gk)}: no held-out run (seeds outside {list(on_seeds)}) with "
+                                f"{key}={best}")
+        keep[held.index] = True
+        rows.append({**{b: g[b].iloc[0] for b in by}, key: held[key].iloc[0], "held_out_runs": len(held),
+                     **{f"selection {col} IQM at {v}": s for v, s in cand.items()}})
+    df.loc[~keep, "selection"] = np.where(sel_seed[~keep], "selection", "not chosen")
+    df["used"] = used & keep
+    return df, pd.DataFrame(rows)
+
+
+def normalized_aggregates(df: pd.DataFrame, by: Sequence[str], cols: Sequence[str] = ("final_return", "auc"),
+                          reps: int = REPS, seed: int = BOOT_SEED) -> pd.DataFrame:
+    """rliable's set on scores normalized per env (``references.normalize``): median, IQM, mean and optimality
+    gap across tasks with stratified bootstrap 95% CIs, per group. Empty when no env has a reference."""
+    used = df[df["used"]] if "used" in df else df
+    if "cfg.env.id" not in used:
+        return pd.DataFrame()
+    rows = []
+    for key, g in groups_of(used, by):
+        row: Dict[str, object] = {**{b: g[b].iloc[0] for b in by}, "runs": len(g)}
+        any_ref = False
+        for c in cols:
+            ns = normalize(g[c].to_numpy(float), g["cfg.env.id"])
+            if not np.isfinite(ns).any():
+                continue
+            any_ref = True
+            h = g.assign(_ns=ns)
+            xt, _ = _tasks(h, "_ns")
+            for name, f in stats.AGGREGATES.items():
+                if len(g) >= MIN_CI_RUNS:
+                    v = stats.interval(f, xt, reps, seed=seed)
+                else:  # no CI below 5 runs
+                    v = (f(xt), float("nan"), float("nan"))
+                row[f"{c}_{name}"], row[f"{c}_{name}_low"], row[f"{c}_{name}_high"] = v
+        if any_ref:
+            rows.append(row)
+    return pd.DataFrame(rows)

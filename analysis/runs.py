@@ -1,0 +1,140 @@
+"""The two tables everything else starts from, for run dirs, sweep dirs and report dirs alike:
+
+- :func:`load_runs`: one row per run (``run_id``, config as ``cfg.<key>``, summary, provenance, measures, ``used``);
+- :func:`curves`: the learning curves in long format, one row per (run, learner update): ``run_id``,
+  ``env_steps``, ``wall_time``, ``episodic_return_mean`` and the lag / KL / queue columns the figures use.
+
+A report dir keeps exactly these two tables (``runs.csv``, ``curves.parquet``; plus ``lag_counts.csv``, the
+version-lag histogram of each run whose lag varied): :func:`write_compact` writes them, and reading a report
+dir gives back the same tables, so a report rebuilds from its own files."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Optional
+
+import numpy as np
+import pandas as pd
+
+from .load import AnalysisError, CURVES, LAG_COUNTS, RUNS_CSV, find_runs, histograms, is_report_dir, load_run, metrics
+from .measures import RETURN, THRESHOLDS, run_measures
+
+# the per-update columns a report keeps (renamed from metrics.parquet's names where they carry a prefix)
+CURVE_COLUMNS = {"env_steps": "env_steps", "wall_time": "wall_time", RETURN: RETURN, "lag/mean": "lag_mean",
+                 "lag/kl_behavior": "kl_behavior", "transport/queue_depth": "queue_depth",
+                 "transport/age_s_mean": "age_s"}
+
+
+def _split(paths: Iterable[str | Path]) -> tuple:
+    paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
+    for p in paths:
+        if not p.exists():
+            raise FileNotFoundError(f"{p}: no such run, sweep or report dir")
+    reports = [p for p in paths if is_report_dir(p) and not (p / "summary.json").exists()]
+    if reports and (len(reports) > 1 or len(reports) < len(paths)):
+        raise AnalysisError(f"pass one report dir ({', '.join(map(str, reports))}), or run and sweep dirs, not a mix")
+    return reports, [p for p in paths if p not in reports]
+
+
+def _version_lags(run_dir: Path) -> np.ndarray:
+    h = histograms(run_dir)
+    vals = [np.asarray(v, float) for v in h[h["metric"] == "lag/version_lag"]["values"]]
+    return np.concatenate(vals) if vals else np.array([])
+
+
+def _budget(row: dict) -> float:
+    for k in ("cfg.total_env_steps", "summary.total_env_steps"):
+        v = row.get(k)
+        if v is not None and pd.notna(v):
+            return float(v)
+    return float("nan")
+
+
+def load_runs(paths, threshold: Optional[float] = None, include_failed: bool = False) -> pd.DataFrame:
+    """One row per run under ``paths`` (run dirs, sweep dirs, report dirs): ``run_id``, ``run_dir``, ``status``,
+    ``cfg.*``, ``summary.*``, ``provenance.*``, ``eval.*``, and the measures (``auc``, ``final_return`` =
+    summary.json's ``final_return_mean``, ``steps_to_threshold``, ``reached``, ``sps``, ``lag_mean``, ...).
+    ``used`` marks the runs statistics use (completed ones, or all with ``include_failed``)."""
+    reports, dirs = _split(paths)
+    frames = [pd.read_csv(r / RUNS_CSV) for r in reports]
+    rows = []
+    for run_dir in (find_runs(dirs) if dirs else []):
+        row = load_run(run_dir)
+        env_id = row.get("cfg.env.id")
+        thr = threshold if threshold is not None else THRESHOLDS.get(str(env_id or ""), float("nan"))
+        lags = _version_lags(run_dir)
+        row.update(run_measures(metrics(run_dir), _budget(row), thr, lags))
+        row["final_return"] = row.get("summary.final_return_mean", float("nan"))
+        row["sps"] = row.get("summary.sps", float("nan"))
+        row["lag_varies"] = bool(len(lags) and np.ptp(lags) > 0)
+        rows.append(row)
+    if rows:
+        frames.append(pd.DataFrame(rows))
+    if not frames:
+        raise FileNotFoundError(f"no run dirs (with a summary.json) under {', '.join(map(str, paths))}")
+    if reports:  # a report's own table, as it was written
+        runs = frames[0]
+        if include_failed:
+            runs["used"] = True
+        return runs
+    runs = frames[0]
+    runs.insert(0, "run_id", np.arange(len(runs)))
+    runs["used"] = True if include_failed else runs["status"].eq("completed")
+    return runs
+
+
+def curves(paths, runs: Optional[pd.DataFrame] = None) -> pd.DataFrame:
+    """The learning curves of every run under ``paths`` in long format (``run_id`` as in :func:`load_runs` of the
+    same paths). Columns: ``run_id``, ``env_steps``, ``wall_time``, ``episodic_return_mean``, ``lag_mean``,
+    ``kl_behavior``, and, for runs with a queue (not ``runner=sync``), ``queue_depth`` and ``age_s``."""
+    reports, dirs = _split(paths)
+    if reports:
+        return pd.read_parquet(reports[0] / CURVES)
+    if runs is None:  # the same run ids as load_runs(paths), without computing the measures
+        found = find_runs(dirs)
+        runs = pd.DataFrame({"run_id": np.arange(len(found)), "run_dir": [str(p) for p in found],
+                             "cfg.runner.name": [load_run(p).get("cfg.runner.name") for p in found]})
+    frames = []
+    runner = runs["cfg.runner.name"] if "cfg.runner.name" in runs else pd.Series([None] * len(runs), index=runs.index)
+    for run_id, run_dir, name in zip(runs["run_id"], runs["run_dir"], runner):
+        m = metrics(run_dir)
+        c = m[[k for k in CURVE_COLUMNS if k in m]].rename(columns=CURVE_COLUMNS)
+        if name == "sync":
+            c = c.drop(columns=[k for k in ("queue_depth", "age_s") if k in c])
+        c.insert(0, "run_id", int(run_id))
+        frames.append(c)
+    if not frames:
+        return pd.DataFrame(columns=["run_id"] + list(CURVE_COLUMNS.values()))
+    return pd.concat(frames, ignore_index=True)
+
+
+def lag_counts(runs: pd.DataFrame) -> pd.DataFrame:
+    """Version-lag histogram of each run whose lag varied: ``run_id``, ``lag``, ``count``."""
+    rows = []
+    for run_id, run_dir, varies in zip(runs["run_id"], runs["run_dir"], runs.get("lag_varies", [False] * len(runs))):
+        if not varies or not isinstance(run_dir, str) or not Path(run_dir).is_dir():
+            continue
+        v, n = np.unique(np.round(_version_lags(Path(run_dir))).astype(int), return_counts=True)
+        rows += [{"run_id": int(run_id), "lag": int(a), "count": int(b)} for a, b in zip(v, n)]
+    return pd.DataFrame(rows, columns=["run_id", "lag", "count"])
+
+
+def write_compact(out: Path, runs: pd.DataFrame, curve_df: pd.DataFrame, lags: pd.DataFrame) -> None:
+    """runs.csv, curves.parquet (float32 values, all-empty columns dropped) and lag_counts.csv when any."""
+    out.mkdir(parents=True, exist_ok=True)
+    runs.to_csv(out / RUNS_CSV, index=False)
+    c = curve_df.dropna(axis=1, how="all").copy()
+    for col in c.columns:
+        if col not in ("run_id", "env_steps"):
+            c[col] = c[col].astype("float32")
+    c["run_id"] = c["run_id"].astype("int32")
+    c["env_steps"] = c["env_steps"].astype("int64")
+    c.to_parquet(out / CURVES, index=False, compression="zstd")
+    if len(lags):
+        lags.to_csv(out / LAG_COUNTS, index=False)
+    elif (out / LAG_COUNTS).exists():
+        (out / LAG_COUNTS).unlink()
+
+
+def read_lag_counts(report_dir: Path) -> pd.DataFrame:
+    p = Path(report_dir) / LAG_COUNTS
+    return pd.read_csv(p) if p.exists() else pd.DataFrame(columns=["run_id", "lag", "count"])

@@ -1,0 +1,179 @@
+"""analysis.stats against slow reference implementations written from the definitions in Agarwal et al. 2021
+("Deep RL at the Edge of the Statistical Precipice", the rliable paper): loops over runs, pairs and taus, and the
+bootstrap distribution enumerated exactly (every resample of every task) for small samples."""
+import itertools
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from analysis import stats  # noqa: E402
+
+
+# ---- slow references -----------------------------------------------------------------------------------------
+def ref_iqm(tasks):
+    """Pool every run of every task, sort, drop the bottom and top quarter (int(n/4) runs each: for n divisible
+    by 4 exactly the paper's middle 50%; otherwise rliable's scipy.stats.trim_mean convention), average."""
+    pooled = sorted(v for t in tasks for v in t)
+    k = int(len(pooled) * 0.25)
+    mid = pooled[k:len(pooled) - k]
+    return sum(mid) / len(mid)
+
+
+def ref_task_means(tasks):
+    return [sum(t) / len(t) for t in tasks]
+
+
+def ref_mean(tasks):
+    m = ref_task_means(tasks)
+    return sum(m) / len(m)
+
+
+def ref_median(tasks):
+    m = sorted(ref_task_means(tasks))
+    n = len(m)
+    return m[n // 2] if n % 2 else (m[n // 2 - 1] + m[n // 2]) / 2
+
+
+def ref_optimality_gap(tasks, gamma=1.0):
+    pooled = [v for t in tasks for v in t]
+    return sum(gamma - min(v, gamma) for v in pooled) / len(pooled)  # the average shortfall from gamma
+
+
+def ref_profile(tasks, tau):
+    return sum(sum(1 for v in t if v > tau) / len(t) for t in tasks) / len(tasks)
+
+
+def ref_poi(xs, ys):
+    """Average over tasks of (1 / nm) sum_i sum_j S(x_i, y_j), S = 1 if x_i > y_j, 1/2 if equal, 0 otherwise."""
+    per = []
+    for x, y in zip(xs, ys):
+        s = 0.0
+        for a in x:
+            for b in y:
+                s += 1.0 if a > b else 0.5 if a == b else 0.0
+        per.append(s / (len(x) * len(y)))
+    return sum(per) / len(per)
+
+
+def exact_bootstrap(stat, tasks):
+    """Every stratified resample (each task's runs drawn with replacement, all n^n ordered draws equally likely):
+    the exact bootstrap distribution of ``stat``."""
+    per_task = [list(itertools.product(t, repeat=len(t))) for t in tasks]
+    return np.array([stat([list(d) for d in combo]) for combo in itertools.product(*per_task)])
+
+
+def cdf_gap(samples, exact):
+    """Largest gap between the Monte Carlo and exact CDFs over the exact support."""
+    samples, exact = np.sort(samples), np.sort(exact)
+    support = np.unique(np.round(exact, 12))
+    mc = np.searchsorted(samples, support + 1e-9, side="right") / len(samples)
+    ex = np.searchsorted(exact, support + 1e-9, side="right") / len(exact)
+    return float(np.max(np.abs(mc - ex)))
+
+
+def _as_arrays(tasks):
+    return [np.asarray(t, float) for t in tasks]
+
+
+RNG = np.random.default_rng(7)
+CASES = [
+    [[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]],
+    [[0.2, 0.9, 0.4], [1.3, 0.1, 0.5, 0.7, 0.7]],  # ragged tasks
+    [list(RNG.normal(size=10)), list(RNG.normal(1, 2, size=10)), list(RNG.uniform(size=10))],
+    [[3.0, 3.0, 3.0, 1.0, 5.0]],
+]
+
+
+# ---- point estimates -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("tasks", CASES)
+def test_aggregates_match_the_definitions(tasks):
+    t = _as_arrays(tasks)
+    assert stats.iqm(t) == pytest.approx(ref_iqm(tasks))
+    assert stats.mean(t) == pytest.approx(ref_mean(tasks))
+    assert stats.median(t) == pytest.approx(ref_median(tasks))
+    for gamma in (1.0, 0.5):
+        assert stats.optimality_gap(t, gamma) == pytest.approx(ref_optimality_gap(tasks, gamma))
+    taus = np.linspace(-1, 4, 23)
+    assert stats.profile(t, taus) == pytest.approx([ref_profile(tasks, tau) for tau in taus])
+
+
+def test_iqm_by_hand():
+    assert stats.iqm([1, 2, 3, 4, 5, 6, 7, 8]) == 4.5  # middle four: 3, 4, 5, 6
+    assert stats.iqm([100, 1, 2, 3]) == 2.5  # the outlier does not count
+    assert stats.iqm([3.0, float("nan"), 3.0]) == 3.0 and np.isnan(stats.iqm([]))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_probability_of_improvement_matches_the_pair_count(seed):
+    rng = np.random.default_rng(seed)
+    xs = [list(rng.integers(0, 4, size=rng.integers(1, 6)).astype(float)) for _ in range(3)]  # ties likely
+    ys = [list(rng.integers(0, 4, size=rng.integers(1, 6)).astype(float)) for _ in range(3)]
+    assert stats.probability_of_improvement(_as_arrays(xs), _as_arrays(ys)) == pytest.approx(ref_poi(xs, ys))
+    assert stats.probability_of_improvement(_as_arrays(xs), _as_arrays(xs)) == pytest.approx(0.5)  # itself: 1/2
+    # averaged per task, not pooled: a task where x always wins and one where it always loses give 1/2
+    assert stats.probability_of_improvement([np.array([5.0]), np.array([0.0, 0.0, 0.0])],
+                                            [np.array([1.0]), np.array([1.0])]) == 0.5
+
+
+# ---- the stratified bootstrap against its exact distribution ---------------------------------------------------
+@pytest.mark.parametrize("name", ["iqm", "mean", "median", "optimality_gap"])
+def test_stratified_bootstrap_matches_the_exact_bootstrap_distribution(name):
+    tasks = [[0.1, 0.8, 1.4], [0.3, 0.9], [0.0, 0.5, 2.0]]
+    ref = {"iqm": ref_iqm, "mean": ref_mean, "median": ref_median, "optimality_gap": ref_optimality_gap}[name]
+    exact = exact_bootstrap(ref, tasks)  # 27 * 4 * 27 resamples
+    mc = stats.replicates(stats.AGGREGATES[name], _as_arrays(tasks), reps=40000, seed=1)
+    assert cdf_gap(mc, exact) < 0.012
+    # and stratified means stratified: each resample keeps every task's run count, so with one constant task per
+    # stratum the task means cannot move
+    lo_hi = stats.interval(stats.mean, [np.zeros(2), np.full(2, 10.0)], reps=500)[1:]
+    assert lo_hi == (5.0, 5.0)
+
+
+def test_bootstrap_ci_of_the_mean_by_hand():
+    # mean of 4 draws from [1, 1, 1, 5]: the number of 5s is Binomial(4, 1/4), so the mean is 1, 2, 3, 4, 5 with
+    # probabilities .316, .422, .211, .047, .004: its 2.5th and 97.5th percentiles are 1 and 4
+    assert stats.interval(stats.mean, [1, 1, 1, 5], reps=20000)[1:] == (1.0, 4.0)
+    assert stats.interval(stats.iqm, [7.0] * 5)[1:] == (7.0, 7.0)
+
+
+def test_poi_bootstrap_resamples_both_groups_independently_within_tasks():
+    x = [[1.0, 3.0, 4.0], [2.0, 2.0]]
+    y = [[2.0, 3.0], [1.0, 3.0, 0.0]]
+    exact = np.array([ref_poi([list(a), list(c)], [list(b), list(d)])
+                      for a in itertools.product(x[0], repeat=3) for c in itertools.product(x[1], repeat=2)
+                      for b in itertools.product(y[0], repeat=2) for d in itertools.product(y[1], repeat=3)])
+    mc = stats.replicates2(stats.probability_of_improvement, _as_arrays(x), _as_arrays(y), reps=40000, seed=3)
+    assert cdf_gap(mc, exact) < 0.012
+
+
+def test_paired_difference_shares_the_seed_index():
+    # paired by seed: seed i of x goes with seed i of y; a constant shift between them is then certain
+    x, y = [[1.0, 5.0, 9.0]], [[0.0, 4.0, 8.0]]
+    diff = stats.difference(stats.mean)
+    assert stats.interval2(diff, _as_arrays(x), _as_arrays(y), paired=True, reps=2000) == pytest.approx((1.0, 1.0, 1.0))
+    lo, hi = stats.interval2(diff, _as_arrays(x), _as_arrays(y), paired=False, reps=2000)[1:]
+    assert lo < 0 < 1 < hi  # unpaired, the seed-to-seed spread enters
+    exact = np.array([ref_mean([[a - b for a, b in zip(ix, iy)]])
+                      for ix, iy in (zip(*[(x[0][i], y[0][i]) for i in idx]) for idx in
+                                     itertools.product(range(3), repeat=3))])
+    assert set(np.round(exact, 9)) == {1.0}
+
+
+def test_difference_of_differences():
+    # costs of family a: 10 - 20 = -10; of family b: 15 - 20 = -5; difference in cost -5, certain when paired
+    a, a0 = [np.array([10.0, 11.0, 12.0])], [np.array([20.0, 21.0, 22.0])]
+    b, b0 = [np.array([15.0, 15.0, 15.0])], [np.array([20.0, 20.0, 20.0])]
+    assert stats.difference_of_differences(stats.mean, a, a0, b, b0, True, True) == pytest.approx((-5.0, -5.0, -5.0))
+    p, lo, hi = stats.difference_of_differences(stats.mean, a, a0, b, b0, False, False)
+    assert p == -5.0 and lo < -5.0 < hi
+
+
+def test_profile_band_contains_the_profile():
+    t = [np.linspace(0, 1, 10), np.linspace(0.5, 1.5, 10)]
+    b = stats.profile_band(t, np.linspace(0, 1.5, 16), reps=500)
+    assert np.all(b["low"] <= b["profile"] + 1e-12) and np.all(b["profile"] <= b["high"] + 1e-12)
+    assert b["profile"][0] == pytest.approx(ref_profile([list(x) for x in t], 0.0))
