@@ -142,33 +142,37 @@ def test_a_killed_process_group_leaves_segments_that_the_next_start_removes(tmp_
 
 
 def _sample_resources(monkeypatch):
-    """Record the learner's open fds, threads and /dev/shm entries at every update."""
-    from laglab.tracking import Tracker
+    """Record, at every update, the learner's open fds, threads, /dev/shm segments, and the per-incarnation
+    state it keeps (the ledger's streams, the throttle watermarks)."""
+    from laglab.runners.driver import LearnerDriver
     samples = []
-    log_update = Tracker.log_update
+    update = LearnerDriver._update
 
     def sampled(self, *a, **kw):
         samples.append((len(os.listdir("/proc/self/fd")), len(os.listdir("/proc/self/task")),
-                        len(leftover_segments(os.getpid()))))
-        return log_update(self, *a, **kw)
+                        len(leftover_segments(os.getpid())), len(self.ledger.streams), len(self.learner.consumed)))
+        return update(self, *a, **kw)
 
-    monkeypatch.setattr(Tracker, "log_update", sampled)
+    monkeypatch.setattr(LearnerDriver, "_update", sampled)
     return samples
 
 
 def test_hundreds_of_restarts_hold_no_more_descriptors_than_a_few(tmp_path, monkeypatch):
     """Every actor life dies after its first rollout (a real SIGKILL): what each life held (its pipe, its
-    process handle, its bell) is released when it is finalized, so the learner's fds, threads and /dev/shm
-    entries are as many after 300 restarts as after 30."""
+    process handle, its bell, its streams in the books, its throttle watermark) is released when it is
+    finalized, so the learner's fds, threads, /dev/shm entries and per-incarnation state are as many after 300
+    restarts as after 30."""
     from laglab.run import run
     samples = _sample_resources(monkeypatch)
     s = run(pcfg(runner={"start_method": "forkserver", "actors_max_restarts": 10**6},
                  chaos={"name": "kill", "kill_every_steps": 64}, total_env_steps=24576), tmp_path)
     assert s["status"] == "completed" and balanced(s["transport"])
     assert s["actor_restarts"] >= 300, s["actor_restarts"]
-    fds, threads, shm = (np.array(x) for x in zip(*samples))
+    # what the kills left on the links is still found lost, to the step, after its streams were retired
+    assert s["transport"]["dropped"].get("lost_in_transit", 0) == s["chaos"]["dropped_steps"] + s["chaos"]["lost_held_steps"]
+    fds, threads, shm, streams, watermarks = (np.array(x) for x in zip(*samples))
     print(f"{s['actor_restarts']} restarts; learner fds {fds[0]} -> {fds[-1]} (max {fds.max()}), threads "
-          f"{threads[0]} -> {threads[-1]}")
+          f"{threads[0]} -> {threads[-1]}, streams max {streams.max()}, watermarks max {watermarks.max()}")
     n = len(samples)
     early, late = slice(n // 10, n // 4), slice(3 * n // 4, n)
     # a leak of one descriptor per life would add hundreds; a sample may catch, per slot, a life whose death is
@@ -177,6 +181,11 @@ def test_hundreds_of_restarts_hold_no_more_descriptors_than_a_few(tmp_path, monk
     assert fds[late].max() <= fds[early].max() + 12, (fds[early], fds[late])
     assert threads[late].max() <= threads[early].max()
     assert shm.max() == 5  # the run's five segments, whatever restarts
+    envs = 4
+    assert streams.max() <= 2 * 2 * envs  # two slots, each at most a dying and a new life
+    # watermarks: the live lives', and those of lives that died since the last publication pruned them (here about
+    # ten restarts per update): flat, not one per life ever
+    assert watermarks[late].max() <= watermarks[early].max() + 4 and watermarks.max() < s["actor_restarts"] // 10
 
 
 def test_a_reservation_is_whole_or_nothing_and_a_dead_holder_never_keeps_the_lock():

@@ -84,7 +84,8 @@ class Ledger:
         self.too_old = 0  # arrivals older than the seen-set remembers (deliveries)
         self.unattributed = 0  # steps claimed by arrivals that no stream can own
         self.streams: Dict[Tuple[int, int], Stream] = {}
-        self.owner: Dict[int, int] = {}  # incarnation -> actor id
+        self.owner: Dict[int, int] = {}  # incarnation -> actor id (of incarnations not retired)
+        self.retired_gap = 0  # steps sent and never arrived, of the incarnations retired (see retire)
         self._count = iter(range(1, 2**62))
         self.allocate = allocate or (lambda: next(self._count))
 
@@ -109,6 +110,18 @@ class Ledger:
         """Advance a stream's watermark (the producer reports its own in-hand count: the process runner)."""
         s = self.streams.setdefault((inc, env_index), Stream())
         s.sent = max(s.sent, t_end + 1)
+
+    def retire(self, inc: int) -> None:
+        """Forget an incarnation from which nothing can arrive any more (its life is finalized, its link empty):
+        what it sent and never arrived stays counted as lost; its streams and seen-sets go, so a run with
+        thousands of restarts holds the state of its live incarnations only. Anything that still claims to come
+        from it is unattributable."""
+        with self.lock:
+            for env in range(self.envs_per_actor):
+                s = self.streams.pop((inc, env), None)
+                if s is not None:
+                    self.retired_gap += s.sent - s.arrived
+            self.owner.pop(inc, None)
 
     def unsent(self, steps: int, reason: str) -> None:
         """Steps in hand that will never be sent (the producer crashed, was abandoned, or the run stops)."""
@@ -181,7 +194,7 @@ class Ledger:
 
     def lost(self, link_steps: int) -> int:
         """Sent, never arrived, and not in any link: lost in transit (detected by timestep watermarks)."""
-        return sum(s.sent - s.arrived for s in self.streams.values()) - link_steps
+        return sum(s.sent - s.arrived for s in self.streams.values()) + self.retired_gap - link_steps
 
     def sent_by_incarnation(self) -> Dict[int, int]:
         """Steps each incarnation has handed to its link (the sum of its streams' watermarks)."""

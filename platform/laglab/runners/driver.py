@@ -149,6 +149,10 @@ class LearnerDriver:
         m["learner/updates_per_s"] = self.learner.updates / max(self.tracker.wall(), 1e-9)
         m.update(self.gauges())
         if self.learner.updates % self.cfg.learner.broadcast_every == 0:
+            with self.ledger.lock:  # throttle credit is for live incarnations: forget the retired ones'
+                gone = [i for i in self.learner.consumed if i not in self.ledger.owner]
+            for inc in gone:
+                del self.learner.consumed[inc]
             newest = self.learner.publish_snapshot()
             self._history.append(newest)
             acting = self._history[0]

@@ -334,6 +334,7 @@ class _Runner:
         child.bell.close_ring_end()
         with self.conn_lock:
             self.children.remove(child)
+        led.retire(child.inc)  # its pipe is drained: nothing of it can arrive any more
         child.finalized.set()
 
     def receive(self) -> None:

@@ -281,6 +281,7 @@ class _Runner:
                 w.in_hand = 0
                 w.link = []
                 w.finalized = True
+                self.ledger.retire(w.inc)  # its later answers are void: nothing of it can arrive any more
             self.chaos.merge(w.chaos)
         self.kill(w)
 
