@@ -45,6 +45,10 @@ def main(argv=None) -> int:
     from laglab.config import ConfigError
     from laglab.evaluate import evaluate
 
+    if args.episodes < 1:
+        print(f"laglab: invalid option: episodes={args.episodes}; allowed: an integer >= 1", file=sys.stderr)
+        return 2
+
     video = None
     if args.video:
         video = args.run_dir / "videos" / f"{Path(args.checkpoint).stem}-{args.mode}-{args.seed}"

@@ -130,7 +130,8 @@ class Jobs:
             if not os.path.isdir(d):
                 raise ConfigError(f"invalid command line: --config-dir {args.config_dir}: no such directory")
             path.prepend(provider="command-line", path=f"file://{d}", anchor=SearchPathQuery(provider="schema"))
-        self.search_dirs = [p.path[len("file://"):] for p in path.get_path() if p.path.startswith("file://")]
+        self.search_dirs = [p.path.removeprefix("file://") for p in path.get_path() if "://" not in p.path
+                            or p.path.startswith("file://")]
         self.hydra = Hydra.create_main_hydra2(task_name=Path(train_py).stem, config_search_path=path)
 
     def compose(self, fn, *a, **kw):
