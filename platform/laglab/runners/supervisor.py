@@ -44,10 +44,11 @@ _signals = 0
 
 
 def request_stop(signum=None, frame=None) -> None:
-    """Signal handler for SIGTERM and SIGINT (installed by train.py); never raises. The first signal stops the
-    run at its next safe point: between two deliveries, never inside an update, a publication or the books,
-    with status "interrupted". The second one too, and cuts waits short (no further update starts, a learner
-    stall ends). A third exits the process at once (exit code 130), writing nothing more."""
+    """Signal handler for SIGTERM and SIGINT (installed by train.py); never raises. A stop request ends the run
+    at its nearest safe point -- between two deliveries, before an update starts (never inside an update, a
+    publication or the books), a learner stall cut short -- with status "interrupted". A second signal is as
+    safe as the first (it used to raise wherever the main thread was). A third exits the process at once
+    (exit code 130), writing nothing more."""
     global _signals
     _signals += 1
     if _signals >= 3:
