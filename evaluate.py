@@ -46,6 +46,9 @@ def main(argv=None) -> int:
     from laglab.console import log_third_party_to
     from laglab.evaluate import evaluate
 
+    if args.episodes < 1:
+        print(f"laglab: invalid option: episodes={args.episodes}; allowed: an integer >= 1", file=sys.stderr)
+        return 2
     if args.run_dir.is_dir():  # third-party noise (MuJoCo's compiler warnings) goes to a log file, not the terminal
         log_third_party_to(args.run_dir / "evaluate.log")
 

@@ -1,5 +1,9 @@
 """laglab entry point: ``python train.py [overrides]`` (Hydra). See README.md for the config groups.
 
+Exit codes: 0 the run (every job of a sweep) completed; 2 a bad override or config, refused before anything
+started (no run dir); 130 stopped by Ctrl-C or SIGTERM (the summary says "interrupted"; a sweep stops too);
+1 the run failed.
+
 Kept light at import: actor processes started with ``spawn`` re-import this module, and must not pay for
 Hydra (everything heavy is imported when it runs as the program)."""
 from __future__ import annotations
@@ -10,6 +14,8 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "platform"))
 
+INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
+
 
 def main(cfg) -> float:
     from hydra.core.hydra_config import HydraConfig
@@ -17,35 +23,48 @@ def main(cfg) -> float:
     from omegaconf import OmegaConf
 
     from laglab.config import ConfigError, validate
-    from laglab.run import check_resume, env_spec, run
-    from laglab.runners.supervisor import request_stop
+    from laglab.run import CheckpointFailed, run
+    from laglab.runners.supervisor import request_stop, stop_requested
 
-    try:
-        c = validate(cfg)
-        spec = env_spec(c)  # an env id that cannot be made is a config error too, reported before anything starts
-        check_resume(c, spec)
-        if c.runner.name.value == "process":
-            from laglab.runners.process import check_fits
-
-            check_fits(c, spec)
-    except ConfigError as e:
-        print(f"laglab: {e}", file=sys.stderr)
-        sys.exit(2)
-
+    hc = HydraConfig.get()
+    sweep = hc.mode == RunMode.MULTIRUN
+    if stop_requested():  # Ctrl-C between two jobs of a sweep: start no other
+        sys.exit(INTERRUPTED)
     # SIGTERM and Ctrl-C stop the run at its next safe point; it still writes its summary (status: interrupted)
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    hc = HydraConfig.get()
-    group = hc.sweep.dir if hc.mode == RunMode.MULTIRUN else None  # a sweep is one W&B group
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    summary = run(c, hc.runtime.output_dir, resolved_config=resolved, group=group)
+    group = hc.sweep.dir if sweep else None  # a sweep is one W&B group
+    try:
+        c = validate(cfg)  # checked before Hydra started (laglab.preflight); run() checks again before it starts
+        summary = run(c, hc.runtime.output_dir, resolved_config=OmegaConf.to_container(cfg, resolve=True),
+                      group=group)
+    except ConfigError as e:
+        print(f"laglab: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:  # the run wrote its summary and logged its last line
+        sys.exit(INTERRUPTED)
+    except CheckpointFailed as e:
+        print(f"laglab: training completed, but {e}", file=sys.stderr)
+        sys.exit(1)
+    if sweep and stop_requested():  # the signal came as the job was finishing: the sweep stops here
+        sys.exit(INTERRUPTED)
     return float(summary["final_return_mean"])
 
 
 if __name__ == "__main__":
-    import hydra
+    try:
+        import hydra
 
-    from laglab.config import register_configs
+        from laglab.config import ConfigError, register_configs
+        from laglab.preflight import preflight
 
-    register_configs()
-    hydra.main(version_base="1.3", config_path="conf", config_name="config")(main)()
+        register_configs()
+        try:
+            sys.argv = preflight(sys.argv, os.path.abspath(__file__))
+        except ConfigError as e:
+            print(f"laglab: {e}", file=sys.stderr)
+            sys.exit(2)
+        hydra.main(version_base="1.3", config_path="conf", config_name="config")(main)()
+    except KeyboardInterrupt:  # Ctrl-C before a run installed its handler (imports, composition)
+        print("laglab: interrupted before a run started", file=sys.stderr)
+        sys.exit(INTERRUPTED)

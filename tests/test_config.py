@@ -103,6 +103,37 @@ def test_train_py_refuses_bad_overrides_before_starting(args, needle):
     assert "laglab: ppo on" not in err  # nothing started
 
 
+@pytest.mark.parametrize("args,line", [
+    # Hydra's own errors (parse, merge, a missing group option), said the laglab way
+    (["total_env_step=30000"], "unknown key total_env_step; allowed at the top level: actors, seed, total_env_steps"),
+    (["total_env_step=30000"], "did you mean total_env_steps?"),
+    (["+total_env_step=30000"], "did you mean total_env_steps?"),  # Hydra's own advice, followed
+    (["total_env_steps=1e5"], "total_env_steps=1e5; allowed: an integer; did you mean total_env_steps=100000?"),
+    (["batch_size=512"], "did you mean learner.batch_size?"),
+    (["learner.batchsize=512"], "allowed under learner: batch_size, epochs"),
+    (["algo=vtrac"], "algo=vtrac; allowed: dual_clip | ppo | vtrace | vtrace_dual_clip; did you mean algo=vtrace?"),
+    (["transport.policy=drop_olds"], "allowed: block | reject | drop_oldest; did you mean transport.policy=drop_oldest?"),
+    (["learner.anneal_lr=maybe"], "learner.anneal_lr=maybe; allowed: true | false"),
+    (["env.max_episode_steps=abc"], "env.max_episode_steps=abc; allowed: null or an integer"),
+    (["seed=[1,2"], "invalid override seed=[1,2"),
+    (["seed=0,1"], "a list of values is a sweep; allowed: -m (--multirun)"),
+    (["hydra.run.dirr=x"], "unknown key hydra.run.dirr; allowed under hydra.run: dir; did you mean hydra.run.dir?"),
+    (["hydra/launcher=basik"], "hydra/launcher=basik; allowed: basic"),
+    (["--config-name", "confg"], "--config-name confg: no such config; allowed: config; did you mean config?"),
+    (["tracking.wandb.mode=onlin"], "tracking.wandb.mode='onlin'; allowed: online | offline | disabled | auto"),
+    (["-m", "seed=0,1", "actors=0,2"], "job #0 (seed=0 actors=0): invalid config: actors=0; allowed: an integer >= 1 "
+                                       "(2 of 4 jobs fail; nothing was started)"),
+])
+def test_every_bad_override_is_one_laglab_line_exit_2_and_leaves_no_dir(tmp_path, args, line):
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args, f"hydra.run.dir={tmp_path / 'run'}",
+                        f"hydra.sweep.dir={tmp_path / 'sweep'}"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith("laglab: ") and p.stderr.count("\n") == 1 and not p.stdout, p.stderr
+    assert line in p.stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()
+
+
 def test_free_form_keys_stay_free():
     c = validate(_compose("+env.kwargs.max_episode_steps=10", "env.id=CartPole-v1"))
     assert c.env.kwargs == {"max_episode_steps": 10}

@@ -7,10 +7,11 @@ Hydra composes the config; :func:`validate` rejects combinations, before any thr
 """
 from __future__ import annotations
 
-import importlib.util
-
 import dataclasses
+import difflib
+import importlib.util
 import math
+import typing
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Dict, List, Optional
@@ -249,6 +250,69 @@ def _require(ok: bool, key: str, allowed: str, got: Any) -> None:
         raise ConfigError(f"invalid config: {key}={got!r}; allowed: {allowed}")
 
 
+def schema_keys(schema: type = Config, prefix: str = "") -> List[str]:
+    """Every key of a schema as a dotted path, nodes included (``learner``, ``learner.batch_size``, ...)."""
+    out: List[str] = []
+    for name, t in typing.get_type_hints(schema).items():
+        out.append(prefix + name)
+        if dataclasses.is_dataclass(t):
+            out.extend(schema_keys(t, f"{prefix}{name}."))
+    return out
+
+
+def did_you_mean(key: str, candidates: List[str]) -> Optional[str]:
+    """The known key a mistyped dotted ``key`` most likely meant: a near-miss among its siblings (or across the
+    whole tree), or the same name under another node (``batch_size`` -> ``learner.batch_size``)."""
+    parent, _, leaf = key.rpartition(".")
+    siblings = [c for c in candidates if c.rpartition(".")[0] == parent]
+    for pool, word, cutoff in ((siblings, key, 0.75), (candidates, key, 0.8)):
+        close = difflib.get_close_matches(word, pool, n=1, cutoff=cutoff)
+        if close:
+            return close[0]
+    same_leaf = [c for c in candidates if c.rpartition(".")[2] == leaf and c != key]
+    if len(same_leaf) == 1:
+        return same_leaf[0]
+    leaves = {c.rpartition(".")[2]: c for c in candidates}
+    close = difflib.get_close_matches(leaf, list(leaves), n=1, cutoff=0.85)
+    return leaves[close[0]] if close else None
+
+
+def describe_type(t: Any) -> str:
+    """What a value of schema type ``t`` may be, in the words of the error messages (``an integer``,
+    ``null or a number``, ``block | reject | drop_oldest``)."""
+    origin, args = typing.get_origin(t), typing.get_args(t)
+    if origin is typing.Union and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return "null or " + describe_type(rest[0]) if len(rest) == 1 else "null or a value"
+    if origin in (list, List):
+        return f"a list [{describe_type(args[0]) if args else 'a value'}, ...]"
+    if origin in (dict, Dict):
+        return "a mapping {key: value, ...}"
+    if isinstance(t, type) and issubclass(t, Enum):
+        return " | ".join(m.value for m in t)
+    if dataclasses.is_dataclass(t):
+        return f"a group of keys ({', '.join(f.name for f in dataclasses.fields(t))})"
+    return {bool: "true | false", int: "an integer", float: "a number", str: "a string"}.get(t, str(t))
+
+
+def key_type(schema: type, key: str) -> Any:
+    """The declared type of ``key`` (one field name) in the dataclass ``schema``; None if it declares none."""
+    try:
+        return typing.get_type_hints(schema).get(key)
+    except Exception:  # noqa: BLE001 - a foreign class whose hints cannot be resolved
+        return None
+
+
+def unknown_key_message(key: str, schema: type, candidates: Optional[List[str]] = None) -> str:
+    """``invalid config: unknown key K; allowed under P: ...; did you mean X?`` for a key ``schema`` lacks
+    (``candidates``: the dotted keys to suggest from; default: the keys of laglab's schema)."""
+    where = key.rpartition(".")[0]
+    allowed = ", ".join(f.name for f in dataclasses.fields(schema)) if dataclasses.is_dataclass(schema) else "?"
+    guess = did_you_mean(key, schema_keys() if candidates is None else candidates)
+    return (f"invalid config: unknown key {key}; allowed{' under ' + where if where else ' at the top level'}: "
+            f"{allowed}" + (f"; did you mean {guess}?" if guess else ""))
+
+
 def unknown_keys(node: Any, schema: type, prefix: str = "") -> List[str]:
     """Keys of ``node`` (a DictConfig or mapping) that the dataclass ``schema`` does not declare, as dotted
     paths. Hydra's ``+key=value`` forces a key into the composed config past the schema; this finds it.
@@ -276,11 +340,7 @@ def validate(cfg: Any) -> Config:
     if isinstance(cfg, DictConfig):
         extra = unknown_keys(cfg, Config)
         if extra:
-            where = extra[0].rsplit(".", 1)[0] if "." in extra[0] else ""
-            schema = _schema_at(where)
-            allowed = ", ".join(f.name for f in dataclasses.fields(schema))
-            raise ConfigError(f"invalid config: unknown key {', '.join(extra)}; allowed"
-                              f"{' under ' + where if where else ' at the top level'}: {allowed}")
+            raise ConfigError(unknown_key_message(extra[0], _schema_at(extra[0].rpartition(".")[0])))
         merged = OmegaConf.merge(OmegaConf.structured(Config), cfg)
         c: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
     else:

@@ -58,7 +58,8 @@ def load_policy(path: Path, cfg: Config, spec: EnvSpec) -> tuple:
     setting or algorithm than ``cfg`` is refused (:class:`ConfigError` naming what differs)."""
     from .learner import build_model, read_checkpoint
 
-    state = read_checkpoint(path, cfg, spec, purpose="evaluate")
+    # the time limit is the evaluation's to choose (the policy does not see it)
+    state = read_checkpoint(path, cfg, spec, purpose="evaluate", free=("env.max_episode_steps",))
     model = build_model(cfg, spec)
     model.load_state_dict(state["model"])
     snap = Snapshot.make(int(state["version"]), model, state["obs_norm_mean"].numpy(),
@@ -152,7 +153,8 @@ def evaluate(run_dir: Path, episodes: int = 10, mode: str = "deterministic", che
              seed: int = 1_000_000, video: Optional[Path] = None, overrides: Sequence[str] = ()) -> Dict[str, Any]:
     """Evaluate a run dir's checkpoint; returns the result and writes it as ``eval.json`` in the run dir (the
     newest evaluation) and as a line of ``evals.jsonl`` (all of them)."""
-    from .run import env_spec
+    from .checks import env_spec
+    from .tracking import write_json_atomic
 
     run_dir = Path(run_dir)
     cfg = run_config(run_dir, overrides)
@@ -172,7 +174,7 @@ def evaluate(run_dir: Path, episodes: int = 10, mode: str = "deterministic", che
            "video_dir": None if video is None else str(video), "overrides": list(overrides)}
     if video is not None:
         out["videos"] = sorted(p.name for p in Path(video).glob("*.mp4"))
-    (run_dir / "eval.json").write_text(json.dumps(out, indent=2))  # the newest evaluation
+    write_json_atomic(run_dir / "eval.json", out)  # the newest evaluation
     with open(run_dir / "evals.jsonl", "a") as f:  # and every one, in order
         f.write(json.dumps(out) + "\n")
     return out

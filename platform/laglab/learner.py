@@ -385,9 +385,11 @@ def read_incarnation_mark(checkpoint_dir: Path) -> int:
         return 0
 
 
-def read_checkpoint(path: Path, cfg: Config, spec: EnvSpec, purpose: str = "resume") -> Dict[str, Any]:
+def read_checkpoint(path: Path, cfg: Config, spec: EnvSpec, purpose: str = "resume",
+                    free: Sequence[str] = ()) -> Dict[str, Any]:
     """Load a checkpoint (``weights_only``: no arbitrary objects) and check that it fits this run (``purpose``
-    names what the checkpoint is for in the error: ``resume`` or ``evaluate``)."""
+    names what the checkpoint is for in the error: ``resume`` or ``evaluate``; ``free``: fingerprint keys this
+    purpose may change)."""
     try:
         state = torch.load(path, weights_only=True)
     except Exception as e:  # noqa: BLE001 - a truncated or foreign file
@@ -396,7 +398,8 @@ def read_checkpoint(path: Path, cfg: Config, spec: EnvSpec, purpose: str = "resu
         raise ConfigError(f"invalid config: {purpose}: {path} was written by an older laglab (no config "
                           "fingerprint); it cannot be checked against this run")
     saved, now = json.loads(state["fingerprint"]), fingerprint(cfg, spec)
-    diff = [f"{k}: checkpoint {saved.get(k)!r}, this run {v!r}" for k, v in now.items() if saved.get(k) != v]
+    diff = [f"{k}: checkpoint {saved.get(k)!r}, this run {v!r}" for k, v in now.items()
+            if saved.get(k) != v and k not in free]
     if diff:
         raise ConfigError(f"invalid config: {purpose}={path} does not fit this run ({'; '.join(diff)})")
     return state

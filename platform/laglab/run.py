@@ -13,33 +13,15 @@ import torch
 from omegaconf import OmegaConf
 
 from .config import Config, ConfigError
-from .envs import EnvSpec, make_env
 from .accounting import Budget
-from .learner import INCARNATION_MARK, Learner, read_checkpoint
+from .checks import check_resume, env_spec, prestart, resume_checkpoint  # noqa: F401 - check_resume, env_spec: API
+from .learner import INCARNATION_MARK, Learner
 from .shm import sweep_stale
 from . import runners
 from .console import footer
 from .tracking import Tracker
 
 log = logging.getLogger("laglab")
-
-
-def env_spec(cfg: Config) -> EnvSpec:
-    env = make_env(cfg.env)
-    try:
-        return EnvSpec.of(env)
-    finally:
-        env.close()
-
-
-def resume_checkpoint(run_dir: str) -> Path:
-    """The newest checkpoint of a run dir: checkpoints/final.pt if the run ended, else latest.pt."""
-    d = Path(run_dir) / "checkpoints"
-    for name in ("final.pt", "latest.pt"):
-        if (d / name).exists():
-            return d / name
-    raise ConfigError(f"invalid config: resume={run_dir!r} has no checkpoints/final.pt or checkpoints/latest.pt "
-                      "(set learner.checkpoint_every to write checkpoints during a run)")
 
 
 def provenance() -> Dict[str, Any]:
@@ -110,11 +92,27 @@ def provenance() -> Dict[str, Any]:
     return out
 
 
-def check_resume(cfg: Config, spec: EnvSpec) -> None:
-    """Refuse, before anything starts, a resume whose checkpoint was made for another env, algorithm or
-    network (:class:`ConfigError` naming what differs)."""
-    if cfg.resume:
-        read_checkpoint(resume_checkpoint(cfg.resume), cfg, spec)
+class CheckpointFailed(RuntimeError):
+    """Training completed but checkpoints/final.pt could not be written (summary.json says why)."""
+
+
+def start_tracker(cfg: Config, run_dir: Path, resolved_config: Dict[str, Any], group: Optional[str]) -> Tracker:
+    """The run's tracker; a W&B that cannot start is a :class:`ConfigError` naming the mode. An offline W&B run
+    says so once, with the command that uploads it later."""
+    mode = cfg.tracking.wandb.mode
+    try:
+        tracker = Tracker(run_dir, cfg.tracking, cfg.total_env_steps, resolved_config, cfg.algo.name, group)
+    except Exception as e:  # noqa: BLE001 - W&B's own errors (credentials, network) have no common base class
+        if mode == "disabled":
+            raise
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"invalid config: tracking.wandb.mode={mode}: W&B did not start ({why}); allowed: offline | "
+                          "disabled, or fix what W&B reports (credentials: `wandb login`)") from e
+    w = tracker.wandb
+    if w is not None and w.mode == "offline":
+        why = " (auto: no W&B credentials configured)" if mode == "auto" else ""
+        log.info("laglab: W&B is offline%s; upload this run later with: wandb sync %s", why, Path(w.run.dir).parent)
+    return tracker
 
 
 def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = None,
@@ -131,7 +129,7 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    spec = env_spec(cfg)
+    spec = prestart(cfg)  # everything a run is refused for, before anything is created
     learner = Learner(cfg, spec)
     if cfg.learner.checkpoint or cfg.learner.checkpoint_every:
         learner.incarnation_mark = run_dir / "checkpoints" / INCARNATION_MARK
@@ -143,10 +141,12 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
     budget = Budget(cfg.total_env_steps, used)
     if resolved_config is None:
         resolved_config = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
-    tracker = Tracker(run_dir, cfg.tracking, cfg.total_env_steps, resolved_config, cfg.algo.name, group)
+    tracker = start_tracker(cfg, run_dir, resolved_config, group)
+    wandb_mode = tracker.wandb.mode if tracker.wandb else "disabled"
     base = {"algo": cfg.algo.name, "actors": cfg.actors, "seed": cfg.seed, "runner": cfg.runner.name.value,
             "env_id": cfg.env.id, "total_env_steps": cfg.total_env_steps, "resumed_from": cfg.resume,
-            "start_env_steps": used, "start_version": learner.version, "provenance": provenance()}
+            "start_env_steps": used, "start_version": learner.version, "wandb_mode": wandb_mode,
+            "provenance": provenance()}
     log.info("laglab: %s on %s, %d actor(s), runner=%s, seed=%d -> %s", cfg.algo.name, cfg.env.id, cfg.actors,
              cfg.runner.name.value, cfg.seed, run_dir)
     status, error, result = "failed", None, {}
@@ -186,7 +186,14 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
         if "actor_stats" in result:
             summary["actors_stats"] = {str(i): vars(s) for i, s in sorted(result["actor_stats"].items())}
         if cfg.learner.checkpoint:
-            summary["checkpoint"] = str(learner.save_checkpoint(run_dir / "checkpoints" / "final.pt", env_steps))
+            try:
+                summary["checkpoint"] = str(learner.save_checkpoint(run_dir / "checkpoints" / "final.pt", env_steps))
+            except Exception as e:  # noqa: BLE001 - a full disk, a file in the way: the summary is written regardless
+                summary["checkpoint_error"] = f"{type(e).__name__}: {e}"
+                log.error("laglab: the final checkpoint could not be written: %s", summary["checkpoint_error"])
         summary = tracker.finish(summary)
         log.info("%s", footer(summary, run_dir))  # run dir, return, lag, books, faults, W&B, next commands
+    if "checkpoint_error" in summary:  # training completed, its weights are not on disk: not a success
+        raise CheckpointFailed(f"the final checkpoint could not be written ({summary['checkpoint_error']}); "
+                               f"{run_dir / 'summary.json'} has the run's figures")
     return summary

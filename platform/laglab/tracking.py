@@ -45,14 +45,23 @@ log = logging.getLogger("laglab")
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
+    """Strict JSON (NaN and infinities become null: ``NaN`` is not JSON)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=_jsonable))
+    tmp.write_text(json.dumps(_finite(obj), indent=2, sort_keys=True, default=_jsonable, allow_nan=False))
     os.replace(tmp, path)
+
+
+def _finite(x: Any) -> Any:
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    return [_finite(v) for v in x] if isinstance(x, (list, tuple)) else x
 
 
 def _jsonable(x: Any) -> Any:
     if hasattr(x, "item"):
-        return x.item()
+        return _finite(x.item())
     if isinstance(x, (set, tuple)):
         return list(x)
     return str(x)

@@ -19,7 +19,7 @@ from ..learner import Learner, batch_fragments, lag_ok
 from ..policy import Snapshot
 from ..tagged import TAGGED_ID
 from ..tracking import Tracker
-from .supervisor import ActorFailed, check_stop
+from .supervisor import ActorFailed, check_stop, wait_unless_stopped
 
 
 class LearnerDriver:
@@ -116,6 +116,7 @@ class LearnerDriver:
                 in_flight={"in_hand": led.in_hand, "link": link, "queue": queue, "staging": self.staging_steps()})
 
     def _update(self) -> Dict[str, float]:
+        check_stop()  # a stop requested while the batch was staged: no update starts (the batch stays staged)
         before = self.balance()  # learner progress for the lr schedule: transitions that met a fate so far
         progress = before.admitted + sum(before.dropped.values()) + sum(before.rejected.values())
         pending, ages = self.pending, self._ages  # staged until trained (an interrupt mid-update drops them)
@@ -168,7 +169,7 @@ class LearnerDriver:
         ch = self.cfg.chaos
         if ch.stall_every_updates and self.learner.updates % ch.stall_every_updates == 0 and ch.stall_s > 0:
             self.stalls += 1
-            time.sleep(ch.stall_s)  # the injected fault: a learner that stops consuming for a while
+            wait_unless_stopped(ch.stall_s)  # the injected fault: a learner that stops consuming for a while
         self._t_last = time.perf_counter()
         return row
 

@@ -5,7 +5,7 @@ a long run) never exhaust it; a crash loop does, quickly."""
 from __future__ import annotations
 
 import collections
-import threading
+import os
 import time
 from typing import Callable, Deque, Dict
 
@@ -37,20 +37,48 @@ class RestartIntensity:
 
 
 # ---- stop requests ---------------------------------------------------------------------------------------
-STOP = threading.Event()
+# The handler only counts. Raising from a signal handler lands wherever the main thread happens to be --
+# between taking a fragment from the queue and staging it, or between the two bookings of a batch -- and
+# breaks the books; so the run acts on the count at its own points (check_stop), where the books are whole.
+_signals = 0
 
 
 def request_stop(signum=None, frame=None) -> None:
-    """Signal handler for SIGTERM and SIGINT (installed by train.py): the run stops at its next safe point
-    (between two deliveries, never inside an update, a publication or the books), with status "interrupted".
-    A second signal stops it at once."""
-    if STOP.is_set():
-        raise KeyboardInterrupt(f"signal {signum} (again)")
-    STOP.set()
+    """Signal handler for SIGTERM and SIGINT (installed by train.py); never raises. A stop request ends the run
+    at its nearest safe point -- between two deliveries, before an update starts (never inside an update, a
+    publication or the books), a learner stall cut short -- with status "interrupted". A second signal is as
+    safe as the first (it used to raise wherever the main thread was). A third exits the process at once
+    (exit code 130), writing nothing more."""
+    global _signals
+    _signals += 1
+    if _signals >= 3:
+        os.write(2, b"\nlaglab: third stop signal: exiting now, without writing anything more "
+                    b"(the run dir keeps what was already written)\n")
+        os._exit(130)
+
+
+def stop_requested() -> int:
+    """How many stop signals arrived (0: none)."""
+    return _signals
 
 
 def check_stop() -> None:
     """A safe point: raise KeyboardInterrupt if a stop was requested."""
-    if STOP.is_set():
-        STOP.clear()
+    if _signals:
         raise KeyboardInterrupt("stop requested")
+
+
+def wait_unless_stopped(seconds: float, poll_s: float = 0.05) -> None:
+    """Sleep ``seconds``, or less once a stop is requested (a learner stall must not outlast Ctrl-C)."""
+    end = time.monotonic() + seconds
+    while not _signals:
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(poll_s, left))
+
+
+def reset_stop() -> None:
+    """Forget past stop requests (for a caller that runs again in the same process after an interruption)."""
+    global _signals
+    _signals = 0
