@@ -147,7 +147,8 @@ def warnings_for(res: Result):
         loaded = (b > BUSY) | (a > 0)
         if loaded.any():
             w.append(f"wall-clock measures ({', '.join(WALL_CLOCK)}) of {int(loaded.sum())}/{len(used)} runs were taken "
-                     f"under load (at start: CPU busy > {BUSY:.0%} of the machine, or another laglab run alive; "
+                     f"under load (other processes used > {BUSY:.0%} of the machine while the run ran, or another laglab "
+                     f"run was alive at its start; "
                      f"CPU busy {b.min():.0%}-{b.max():.0%}, other runs alive up to {int(a.max()) if a.notna().any() else '?'}): "
                      f"groups {_groups_named(res, loaded.reindex(res.runs.index, fill_value=False))}")
     if "auc_ratio" in s and (s["auc_iqm"] < 0).any():

@@ -268,7 +268,7 @@ def test_sweeps_run_seed_major_so_drift_spreads_over_arms():
 
 
 def test_provenance_records_the_host_load():
-    from laglab.run import provenance
+    from laglab.run import _cpu_jiffies, host_load_over, provenance
 
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "train.py"])
     try:
@@ -276,8 +276,21 @@ def test_provenance_records_the_host_load():
     finally:
         other.kill()
         other.wait()
-    assert p["cpu_count"] >= 1 and p["load_1min"] >= 0 and 0 <= p["cpu_busy"] <= 1
+    assert p["cpu_count"] >= 1 and p["load_1min"] >= 0
     assert p["laglab_runs_alive"] >= 1  # the process above looks like a training run
+    # over a run: what the others used, not this process's own work
+    import time
+    start = _cpu_jiffies()
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 1.5: pass"])
+    time.sleep(1.7)  # (not reaped yet: a child's time counts as this process's once it is waited for)
+    others = host_load_over(start)["cpu_busy"]
+    busy.wait()
+    start = _cpu_jiffies()
+    t = time.time()
+    while time.time() - t < 1.5:  # this process's own work is not load
+        pass
+    own = host_load_over(start)["cpu_busy"]
+    assert 0 <= own < others <= 1, (own, others)
 
 
 # ---- statistics (slow references in test_analysis_stats.py) ----------------------------------------------

@@ -6,7 +6,7 @@ import logging
 import random
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -27,11 +27,10 @@ log = logging.getLogger("laglab")
 def provenance() -> Dict[str, Any]:
     """Where a run came from and what the machine was doing when it started: git commit and dirty flag of the
     source tree, package versions, host, command line, start time, and the host's load (``load_1min``: the 1-min
-    load average; ``cpu_count``; ``cpu_busy``: the fraction of all CPUs busy over a 0.2 s sample taken while this
-    process waits, i.e. the others' load; ``laglab_runs_alive``: other processes running train.py, not this one's
-    ancestors). The analysis shows the code per group, warns when groups ran different code, and warns when
-    wall-clock measures were taken under load. (Only the start is recorded: the run's end would need a second
-    call from run(), which is outside this function.)"""
+    load average; ``cpu_count``; ``laglab_runs_alive``: other processes running train.py, not this one's
+    ancestors). :func:`host_load_over` adds, at the run's end, what the rest of the machine used while it ran
+    (``cpu_busy``). The analysis shows the code per group, warns when groups ran different code, and warns when
+    wall-clock measures were taken under load. Nothing here waits: it is on every run's start-up path."""
     import datetime
     import os
     import platform as stdlib_platform
@@ -59,18 +58,6 @@ def provenance() -> Dict[str, Any]:
         out["load_1min"] = os.getloadavg()[0]
     except OSError:
         out["load_1min"] = None
-
-    def cpu_times():
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        return sum(v), v[3] + (v[4] if len(v) > 4 else 0)  # total, idle + iowait
-
-    try:
-        (t0, i0), _ = cpu_times(), time.sleep(0.2)
-        t1, i1 = cpu_times()
-        out["cpu_busy"] = round(1.0 - (i1 - i0) / (t1 - t0), 3) if t1 > t0 else None
-    except (OSError, ValueError, IndexError):
-        out["cpu_busy"] = None
     try:
         mine, pid = set(), os.getpid()
         while pid > 1 and pid not in mine:  # this process and its ancestors (a sweep's parent, a launcher)
@@ -89,6 +76,33 @@ def provenance() -> Dict[str, Any]:
         out["laglab_runs_alive"] = alive
     except OSError:
         out["laglab_runs_alive"] = None
+    return out
+
+
+def _cpu_jiffies() -> Tuple[int, int, int]:
+    """(all CPUs' time, all CPUs' busy time, the time this process and its reaped children used), in clock ticks."""
+    import os
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    with open(f"/proc/{os.getpid()}/stat") as f:
+        own = [int(x) for x in f.read().rsplit(")", 1)[1].split()[11:15]]  # utime stime cutime cstime
+    total = sum(v[:8])
+    return total, total - v[3] - v[4], sum(own)
+
+
+def host_load_over(start: Optional[Tuple[int, int, int]]) -> Dict[str, Any]:
+    """``cpu_busy``: the fraction of the machine's CPU time that *other* processes used since ``start`` (a
+    :func:`_cpu_jiffies` reading; this process and the actor processes it has reaped are not others — Ray's
+    workers are), and the 1-min load average at the end."""
+    import os
+    out: Dict[str, Any] = {}
+    try:
+        out["load_1min_end"] = os.getloadavg()[0]
+        t1, b1, o1 = _cpu_jiffies()
+        t0, b0, o0 = start
+        out["cpu_busy"] = round(min(1.0, max(0.0, ((b1 - b0) - (o1 - o0)) / (t1 - t0))), 3) if t1 > t0 else None
+    except (OSError, ValueError, IndexError, TypeError):
+        out["cpu_busy"] = None
     return out
 
 
@@ -147,6 +161,10 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
             "env_id": cfg.env.id, "total_env_steps": cfg.total_env_steps, "resumed_from": cfg.resume,
             "start_env_steps": used, "start_version": learner.version, "wandb_mode": wandb_mode,
             "provenance": provenance()}
+    try:
+        cpu0: Optional[Tuple[int, int, int]] = _cpu_jiffies()
+    except (OSError, ValueError, IndexError):
+        cpu0 = None
     log.info("laglab: %s on %s, %d actor(s), runner=%s, seed=%d -> %s", cfg.algo.name, cfg.env.id, cfg.actors,
              cfg.runner.name.value, cfg.seed, run_dir)
     status, error, result = "failed", None, {}
@@ -170,6 +188,7 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
         wall = time.perf_counter() - t0
         env_steps = budget.used
         summary = dict(base)
+        summary["provenance"] = {**base["provenance"], **host_load_over(cpu0)}
         summary.update({
             "status": status,
             "env_steps": env_steps,
