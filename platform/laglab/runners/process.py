@@ -42,7 +42,7 @@ from ..transport import FragmentQueue
 from . import process_actor
 from .driver import LearnerDriver, serve
 from .endpoint import arrive_at_queue
-from .supervisor import STOP, ActorFailed, RestartIntensity
+from .supervisor import ActorFailed, RestartIntensity, stop_requested
 
 __all__ = ["run", "ActorFailed", "slots_per_actor", "check_fits"]
 
@@ -385,7 +385,7 @@ class _Runner:
                 continue
             if c.finalized.is_set():
                 if c.done:
-                    if self.counter.has_room(self.per_rollout) and not STOP.is_set():
+                    if self.counter.has_room(self.per_rollout) and not stop_requested():
                         # it stopped while there is budget and nobody asked the run to stop: somebody sent it a
                         # SIGTERM. Its books say shutdown; the slot goes on with a new life (not a failure)
                         slot.child = None
