@@ -107,6 +107,10 @@ def build(runs: pd.DataFrame, curve_df: pd.DataFrame, lags: pd.DataFrame, opts: 
     if unknown:
         raise AnalysisError(f"--by {' '.join(unknown)}: no such column; config columns look like cfg.algo.name")
     baseline = cmp.parse_assignments(opts.baseline) if opts.baseline else default_baseline(runs[runs["used"]], by)
+    constant = [k for k in baseline if k not in by and k in runs and runs.loc[runs["used"], k].astype(str).nunique() <= 1]
+    if constant:  # a key the runs do not vary (a sweep not finished yet, one arm): nothing to compare, not an error
+        said = "; ".join(f"{k} has the one value {runs.loc[runs['used'], k].astype(str).iloc[0]!r}" for k in constant)
+        baseline = {k: v for k, v in baseline.items() if k not in constant}
     if opts.by is None:  # the treatment (the baseline's keys) last: "algo.name=ppo, actor.fixed_lag=4"
         by = [b for b in by if b not in baseline] + [b for b in by if b in baseline]
     summary = cmp.summarize(runs, by, baseline)
@@ -114,6 +118,9 @@ def build(runs: pd.DataFrame, curve_df: pd.DataFrame, lags: pd.DataFrame, opts: 
     normalized = cmp.normalized_aggregates(runs, by)
     res = Result(runs, curve_df, lags, by, baseline, summary, costs, normalized, selection)
     res.warnings, res.notes = warnings_for(res)
+    if constant:
+        res.warnings.insert(0, f"--baseline {opts.baseline}: the runs do not vary it ({said}), so there is no "
+                               "baseline to compare with and no cost view")
     return res
 
 

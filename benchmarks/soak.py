@@ -73,7 +73,9 @@ def main() -> None:
         cmd.append(f"runner.start_method={args.start_method}")
     print("$", " ".join(cmd[1:]), flush=True)
     t0 = time.monotonic()
-    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err_path = run_dir / "soak-stderr.txt"  # (a file, not a pipe: a long run's output must never fill a pipe)
+    with open(err_path, "w") as err_file:
+        p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err_file)
     rows = []
     while p.poll() is None:
         try:
@@ -81,7 +83,7 @@ def main() -> None:
         except (OSError, StopIteration):
             pass
         time.sleep(args.every)
-    err = p.stderr.read()
+    err = err_path.read_text()
     wall = time.monotonic() - t0
     s = json.loads((run_dir / "summary.json").read_text())
     t = s.get("transport", {})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -111,20 +112,31 @@ class Learner:
         self.consumed: Dict[int, int] = collections.defaultdict(int)  # incarnation -> watermark (see take)
         self.trained_steps = 0
         self.next_incarnation = 1  # carried by checkpoints, so a resumed run never reuses an incarnation
-        self.incarnation_mark: Optional[Path] = None  # where each allocation is recorded (see allocate_incarnation)
+        self.incarnation_mark: Optional[Path] = None  # where the high-water mark goes (see allocate_incarnation)
+        self._mark = 0  # the mark last written: no incarnation of this run reaches it
         self.gen = torch.Generator().manual_seed(int(cfg.seed) + 7919)
 
     def allocate_incarnation(self) -> int:
         """The next actor incarnation number of this run (continued across resumes). With ``incarnation_mark``
-        set, the high-water mark is written there before the number is used, so a run resumed after a crash
-        continues past every incarnation the dead run handed out after its last checkpoint."""
+        set, a high-water mark that no number of this run reaches is written there before a number at or past the
+        previous mark is used (in blocks of ``MARK_BLOCK``: one small write per thousand restarts), so a run
+        resumed after a crash continues past every incarnation the dead run handed out, even after its last
+        checkpoint. (A write that fails — a full disk — is logged once and the mark is no longer kept.)"""
         inc = self.next_incarnation
         self.next_incarnation += 1
-        if self.incarnation_mark is not None:
-            self.incarnation_mark.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.incarnation_mark.with_suffix(".tmp")
-            tmp.write_text(f"{self.next_incarnation}\n")
-            os.replace(tmp, self.incarnation_mark)
+        if self.incarnation_mark is not None and inc >= self._mark:
+            mark = inc + MARK_BLOCK
+            try:
+                self.incarnation_mark.parent.mkdir(parents=True, exist_ok=True)
+                tmp = self.incarnation_mark.with_suffix(".tmp")
+                tmp.write_text(f"{mark}\n")
+                os.replace(tmp, self.incarnation_mark)
+                self._mark = mark
+            except OSError as e:
+                logging.getLogger("laglab").warning(
+                    "laglab: could not write %s (%s): a run resumed after a crash may reuse incarnation numbers",
+                    self.incarnation_mark, e)
+                self.incarnation_mark = None
         return inc
 
     # ---- publication -------------------------------------------------------------------------------
@@ -374,7 +386,8 @@ class Learner:
         return int(state.get("env_steps", 0))
 
 
-INCARNATION_MARK = "incarnations"  # beside a run's checkpoints: the next incarnation number it would hand out
+INCARNATION_MARK = "incarnations"  # beside a run's checkpoints: a number no incarnation of that run reached
+MARK_BLOCK = 1024
 
 
 def read_incarnation_mark(checkpoint_dir: Path) -> int:

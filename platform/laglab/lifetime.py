@@ -6,9 +6,11 @@ that a dead run could leave behind.
   anybody reaps it (a zombie holds no files; ``kill(pid, 0)`` would still call it alive). From then on the read
   end is readable (EOF) and :meth:`Lifeline.gone` is True. Children check it wherever they wait.
 - **Parent-death signal** (Linux ``PR_SET_PDEATHSIG``): a child asks the kernel for SIGKILL when its parent goes,
-  so a child busy where it does not look at the lifeline (inside ``env.step``) goes too. Under ``forkserver`` the
-  parent is the fork server, which exits when the learner does. A parent that died before the request is caught
-  by looking at the lifeline right after it.
+  so a child busy where it does not look at the lifeline (inside a long ``env.step``) goes too. A parent that died
+  before the request is caught by looking at the lifeline right after it. Under ``forkserver`` the parent is the
+  fork server: it asks for the same signal when it starts (:mod:`laglab.runners.forkserver_life`, preloaded), and
+  each child closes the server's "alive" pipe end that multiprocessing hands it (:func:`forget_fork_server`), which
+  would otherwise keep the server, and so the child, alive after the learner.
 - **Bell.** A doorbell per child is a pipe, not a POSIX semaphore (multiprocessing names those ``sem.mp-*`` in
   /dev/shm, and a SIGKILLed process group leaves them there for good). The learner writes a byte without
   blocking (a full pipe has rung already); the child waits on its bell and the lifeline together, then empties
@@ -32,6 +34,23 @@ def die_with_parent(sig: int = signal.SIGKILL) -> bool:
         return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def forget_fork_server() -> None:
+    """In a child forked by multiprocessing's fork server: close the copy of the server's "alive" pipe end that
+    the server handed us. The server exits when every copy is closed, and that must happen when the learner
+    dies, not when its last actor does (actors start no processes of their own)."""
+    try:
+        from multiprocessing import forkserver
+        fd = forkserver._forkserver._forkserver_alive_fd
+    except (ImportError, AttributeError):
+        return
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        forkserver._forkserver._forkserver_alive_fd = None
 
 
 class Lifeline:

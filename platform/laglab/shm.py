@@ -6,8 +6,8 @@ Segments are created by the learner process, named ``laglab-<pid>-<token>-<what>
 every exit path. Children are started by multiprocessing and share the learner's resource tracker, so their
 attachments are no-ops there; if the learner is killed outright, its children follow it (:mod:`laglab.lifetime`)
 and the tracker then unlinks what the learner created. If the whole process group is SIGKILLed, the tracker
-dies too: :func:`sweep_stale` (run at every start) removes segments whose creating process is gone and that no
-process maps. Nothing else is named: the runner uses no POSIX semaphores.
+dies too: :func:`sweep_stale` (run at every start) removes the segments of runs whose learner no longer holds
+the lock on their life file (:class:`RunLife`). Nothing else is named: the runner uses no POSIX semaphores.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import os
 import secrets
 import time
 from dataclasses import dataclass
-from multiprocessing import shared_memory
+from multiprocessing import resource_tracker, shared_memory
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -69,56 +69,69 @@ def leftover_segments(pid: Optional[int] = None) -> List[str]:
     return sorted(n for n in names if n.startswith(want))
 
 
-def _creator(name: str) -> Optional[int]:
-    try:
-        return int(name[len(PREFIX):].split("-", 1)[0])
-    except ValueError:
-        return None
+SHM_DIR = "/dev/shm"  # where POSIX shared memory lives on Linux (the only platform the process runner supports)
 
 
-def _running(pid: int) -> bool:
-    """Is ``pid`` a process that has not exited (a zombie has: it holds no memory and no files)?"""
-    try:
-        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+class RunLife:
+    """Proof that a run is alive, good across PID namespaces: a file ``laglab-<pid>-<token>-life`` on which the
+    run's learner holds a shared ``flock`` for its whole life. The kernel drops the lock when the learner dies,
+    however it dies, so a run whose life file can be locked exclusively is over (:func:`sweep_stale`). The file
+    appears under its name already locked (made under a temporary name, locked, then renamed), so no start
+    can ever find a live run's file unlocked. Create it before the run's other segments."""
 
+    def __init__(self, name: str):
+        self.name = name
+        self.path = os.path.join(SHM_DIR, name)
+        tmp = os.path.join(SHM_DIR, f".{name}.tmp")
+        self.fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_SH)
+        os.rename(tmp, self.path)
+        # like the run's segments, the resource tracker unlinks it if the learner is killed outright
+        resource_tracker.register("/" + name, "shared_memory")
 
-def _mapped() -> set:
-    """Names of laglab segments some process we can see has mapped."""
-    out = set()
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/maps") as f:
-                for line in f:
-                    i = line.find("/dev/shm/" + PREFIX)
-                    if i >= 0:
-                        out.add(line[i + 9:].split()[0])
-        except OSError:
-            continue
-    return out
+    def close(self, unlink: bool) -> None:
+        if unlink:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            resource_tracker.unregister("/" + self.name, "shared_memory")
+        os.close(self.fd)
 
 
 def sweep_stale() -> List[str]:
-    """Unlink the laglab segments that a run killed with its whole process group left behind: those whose
-    creating process has exited and that no process maps (a live run's segments are mapped by its learner and
-    actors). Returns the names removed."""
-    cands = [n for n in leftover_segments() if (pid := _creator(n)) is not None and not _running(pid)]
-    if not cands:
-        return []
-    mapped = _mapped()
-    removed = []
-    for n in cands:
-        if n in mapped:
+    """Unlink the segments of runs that are over but left them behind (their whole process group was SIGKILLed,
+    resource tracker included): those whose life file (:class:`RunLife`) nobody holds any more. A live run —
+    in this PID namespace or another sharing /dev/shm — holds its lock and is left alone. Returns the names
+    removed."""
+    runs: Dict[str, List[str]] = {}
+    for n in leftover_segments():
+        parts = n[len(PREFIX):].split("-")
+        if len(parts) >= 3:
+            runs.setdefault(f"{parts[0]}-{parts[1]}", []).append(n)
+    removed: List[str] = []
+    for key, names in runs.items():
+        life = f"{PREFIX}{key}-life"
+        if life not in names:
+            continue  # no proof either way (a run from before life files): not ours to judge
+        try:
+            fd = os.open(os.path.join(SHM_DIR, life), os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
             continue
         try:
-            os.unlink(os.path.join("/dev/shm", n))
-            removed.append(n)
-        except (FileNotFoundError, PermissionError):
-            pass
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # its learner holds it: alive
+        try:
+            for n in sorted(names, key=lambda n: n == life):  # the life file last
+                try:
+                    os.unlink(os.path.join(SHM_DIR, n))
+                    removed.append(n)
+                except (FileNotFoundError, PermissionError):
+                    pass
+        finally:
+            os.close(fd)
     return removed
 
 
@@ -349,18 +362,32 @@ class SharedCounter:
         self.name = name
         self.v = np.ndarray((self.HEAD + actors,), np.int64, self.shm.buf, 0)
         self.r = self.v[self.HEAD:]
+        self._lock_fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_CLOEXEC)
         if create_new:
             self.v[:] = 0
             self.v[0], self.v[1] = total, used
 
+    LOCK_WAIT_S = 10.0
+
     @contextlib.contextmanager
     def _locked(self):
-        fd = self.shm._fd  # this process's own open of the segment: flock is per open file description
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        # this process's own open of the segment (flock is per open file description), close-on-exec so a
+        # subprocess cannot keep a dead actor's lock; waits at most LOCK_WAIT_S (a holder that is gone but whose
+        # open file lives on in a process it forked would otherwise hang every reservation)
+        deadline = time.monotonic() + self.LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the run's budget lock ({self.name}) has been held for "
+                                       f"{self.LOCK_WAIT_S:g} s: a process that forked without exec holds it")
+                time.sleep(0.0005)
         try:
             yield
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     def stop(self) -> None:
         self.v[2] = 1
@@ -397,4 +424,5 @@ class SharedCounter:
 
     def close(self, unlink: bool) -> None:
         self.v = self.r = None
+        os.close(self._lock_fd)
         release(self.shm, unlink)

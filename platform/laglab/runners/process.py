@@ -36,7 +36,7 @@ from ..inference import SnapshotCodec
 from ..learner import Learner, batch_fragments
 from ..lifetime import Bell, Lifeline
 from ..policy import Snapshot
-from ..shm import FragmentLayout, SeqBlock, SharedCounter, SlotPool, StatusBlock, new_token, segment_name
+from ..shm import FragmentLayout, RunLife, SeqBlock, SharedCounter, SlotPool, StatusBlock, new_token, segment_name
 from ..tracking import Tracker
 from ..transport import FragmentQueue
 from . import process_actor
@@ -48,7 +48,7 @@ __all__ = ["run", "ActorFailed", "slots_per_actor", "check_fits"]
 
 # Architectures whose hardware keeps stores in order as other cores see them (total store order). The seqlock and
 # the slot hand-off rely on it: numpy offers no memory barriers.
-TSO_MACHINES = ("x86_64", "amd64", "i386", "i686")
+TSO_MACHINES = ("x86_64", "amd64")  # (32-bit x86 is TSO too, but an int64 store is not one instruction there)
 
 
 def slots_per_actor(cfg: Config) -> int:
@@ -94,6 +94,8 @@ class _Child:
         self.bell = bell  # rung when there is news (credit, stop): the child waits on it
         self.reserved0 = reserved0  # the slot's budget word when this life began
         self.exitcode: Optional[int] = None
+        self.lock = threading.Lock()  # the receiver closes this life's ends under it; ring and kill look first
+        self.closed = False
         self.books = (0, 0, 0)  # last reported: produced, in_hand, link
         self.started = False
         self.done = False
@@ -116,7 +118,7 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
     check_fits(cfg, spec)
     ctx = mp.get_context(cfg.runner.start_method)
     if cfg.runner.start_method == "forkserver":  # the server imports the actor side once; each start is a fork
-        ctx.set_forkserver_preload(["laglab.runners.process_actor"])
+        ctx.set_forkserver_preload(["laglab.runners.forkserver_life", "laglab.runners.process_actor"])
     token = new_token()
     names = process_actor.Names(*(segment_name(token, w) for w in ("slots", "snapshot", "credits", "status",
                                                                        "budget")))
@@ -126,6 +128,7 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
     codec = SnapshotCodec(shapes, spec.obs_shape)
     made: List[Any] = []
     try:
+        made.append(RunLife(segment_name(token, "life")))  # first: the proof the run is alive, held to the end
         pool = SlotPool(FragmentLayout(spec, T), A, per, names.slots, True)
         made.append(pool)
         snap_block = SeqBlock(codec.size, "float32", names.snapshot, True)
@@ -141,7 +144,7 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
         return _Runner(cfg, learner, tracker, spec, budget, run_dir, ctx, names, shapes, per, pool, snap_block,
                        credits, status, counter, codec, lifeline).run()
     finally:
-        for res in made:
+        for res in reversed(made):  # (the life file last)
             if isinstance(res, SharedCounter):
                 budget.used = res.used
             if isinstance(res, Lifeline):
@@ -174,6 +177,7 @@ class _Runner:
         self.conn_lock = threading.Lock()
         self.chaos = ChaosCounts()
         self.reclaimed = 0
+        self.budget_released = 0  # env steps reserved by lives that died before reporting them, given back
         self.malformed = 0
         self.stopping = threading.Event()
         self.receiver_error: Optional[BaseException] = None
@@ -202,8 +206,11 @@ class _Runner:
     def ring(self) -> None:
         """Wake every live child waiting for news (after the news is published, so no wake-up is lost)."""
         for s in self.slots:
-            if s.child is not None:
-                s.child.bell.ring()
+            c = s.child
+            if c is not None:
+                with c.lock:
+                    if not c.closed:
+                        c.bell.ring()
 
     # ---- readings ---------------------------------------------------------------------------------------------
     def link_steps(self) -> int:
@@ -308,16 +315,19 @@ class _Runner:
         if child.proc.is_alive():
             child.proc.kill()
             child.proc.join(timeout=5)
-        reason = ("shutdown" if child.done or self.stopping.is_set() else
+        # a life that ended while the run was asked to stop ended with it (a group SIGTERM reaches the actors too,
+        # some before they can act on it): shutdown, whatever its exit
+        reason = ("shutdown" if child.done or self.stopping.is_set() or stop_requested() else
                   "abandoned" if child.abandoned else "actor_crash")
         led = self.ledger
         with led.lock:
             led.unsent(child.books[1], reason)
             child.books = (child.books[0], 0, 0)  # what was on its link is gone: detected as lost in transit
             self.reclaimed += self.pool.reclaim(child.actor_id)
-        unreported = self.counter.reserved(child.actor_id) - child.reserved0 - child.books[0]
+        unreported = self.counter.reserved(child.actor_id) - child.reserved0 - max(0, child.books[0])
         if unreported > 0:
             self.counter.release(child.actor_id, unreported)  # reserved for a rollout that never reached us
+            self.budget_released += unreported
         r = self.status.row(child.actor_id)
         if int(r["incarnation"]) == child.inc:
             c = ChaosCounts(duplicated=int(r["duplicated"]), reordered=int(r["reordered"]), delayed=int(r["delayed"]),
@@ -328,10 +338,10 @@ class _Runner:
                     c.corrupted_steps[k] = int(r[f"corrupted_steps_{k}"])
             c.lost_held_steps = int(r["lost_held_steps"])
             self.chaos.merge(c)
-        child.exitcode = child.proc.exitcode
-        if not child.proc.is_alive():
-            child.proc.close()
-        child.bell.close_ring_end()
+        with child.lock:  # (its process handle is dropped with the life: multiprocessing reaps and frees it)
+            child.exitcode = child.proc.exitcode
+            child.bell.close_ring_end()
+            child.closed = True
         with self.conn_lock:
             self.children.remove(child)
         led.retire(child.inc)  # its pipe is drained: nothing of it can arrive any more
@@ -371,6 +381,8 @@ class _Runner:
     def supervise(self) -> bool:
         if self.receiver_error is not None:
             raise RuntimeError("the process runner's receiver failed") from self.receiver_error
+        if stop_requested():
+            return True  # the run stops at its next safe point: no restarts, no failures of lives it stopped
         now = time.monotonic()
         live = False
         rc = self.cfg.runner
@@ -393,7 +405,7 @@ class _Runner:
                         continue
                     slot.finished = True
                     continue
-                if not c.started:
+                if not c.started and (c.error or (c.exitcode or 0) >= 0):  # (killed by a signal: a crash)
                     raise ActorFailed(f"actor {slot.actor_id} could not start (exit code {c.exitcode}):\n"
                                       f"{c.error or 'no error text'}")
                 why = c.error or ("abandoned: no heartbeat" if c.abandoned else f"exit code {c.exitcode}")
@@ -414,10 +426,13 @@ class _Runner:
         return live
 
     def kill(self, child: _Child) -> None:
-        try:
-            child.proc.kill()  # SIGKILL, and a no-op once multiprocessing has reaped it
-        except (ValueError, AttributeError):
-            pass
+        with child.lock:
+            if child.closed:
+                return
+            try:
+                child.proc.kill()  # SIGKILL (a no-op once reaped: the receiver reaps only after it looked here)
+            except (ValueError, AttributeError, OSError):
+                pass
 
     def run(self) -> Dict[str, Any]:
         self.publish(self.learner.snapshot())
@@ -437,17 +452,21 @@ class _Runner:
             self.ring()
             with self.ledger.lock:
                 self.queue.close()
+            # every life ends by itself (stop flag, bell) and the receiver books it at its EOF; one that does not
+            # within 10 s is killed. (Only the receiver joins and reaps: this thread just waits for its books.)
             deadline = time.monotonic() + 10
             with self.conn_lock:
                 live = list(self.children)
             for c in live:
-                try:
-                    c.proc.join(timeout=max(0.0, deadline - time.monotonic()))
-                    if c.proc.is_alive():
-                        self.kill(c)
-                        c.proc.join(timeout=5)
-                except ValueError:  # finalized (and closed) meanwhile
+                while not c.finalized.wait(0.05) and receiver.is_alive() and time.monotonic() < deadline:
                     pass
+            for c in live:
+                if not c.finalized.is_set():
+                    self.kill(c)
+                    if receiver.is_alive():
+                        c.finalized.wait(10)
+                    else:  # (the receiver failed: nobody else will reap it)
+                        c.proc.join(5)
             receiver.join(timeout=30)
         bal = self.driver.close()
         chaos = self.chaos.as_dict()
@@ -455,6 +474,7 @@ class _Runner:
                       "blocked_s": self.queue.stats.blocked_s, "capacity": self.queue.capacity,
                       "max_bytes_bound": self.queue.max_bytes, "slots": self.pool.n,
                       "slots_reclaimed": self.reclaimed, "malformed_messages": self.malformed,
+                      "budget_released": self.budget_released,
                       "actors_with_torch": int(sum(self.status.get(s.actor_id, "torch_loaded") for s in self.slots))}
         out = self.driver.summary(bal, self.intensity.total, chaos, {"queue": queue_info})
         out.update({"actor_stats": self.actor_stats(), "env_steps": self.counter.used})

@@ -20,7 +20,7 @@ SLOT_CORRUPTIONS = tuple(k for k in CORRUPTIONS if k != "shape")  # a slot has t
 from ..config import Config
 from ..fragment import Fragment
 from ..inference import SnapshotCodec
-from ..lifetime import Bell, Lifeline, die_with_parent
+from ..lifetime import Bell, Lifeline, die_with_parent, forget_fork_server
 from ..shm import FragmentLayout, SeqBlock, SharedCounter, SlotPool, StatusBlock
 
 
@@ -78,6 +78,9 @@ def _redirect_output(log_path: Optional[str]) -> None:
 def main(cfg: Config, actor_id: int, inc: int, names: Names, shapes, obs_shape, per_actor: int, conn,
          bell_end, life_end, log_path: Optional[str] = None) -> None:
     die_with_parent()  # SIGKILL from the kernel when our parent exits, wherever we are
+    forget_fork_server()  # (under forkserver: the server must be free to exit with the learner)
+    for c in (conn, bell_end, life_end):  # a subprocess an env starts must not hold our pipes open
+        os.set_inheritable(c.fileno(), False)
     lifeline = Lifeline(child_end=life_end)
     if lifeline.gone():  # the parent died before we asked
         os._exit(0)
