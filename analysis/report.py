@@ -113,6 +113,7 @@ def build(runs: pd.DataFrame, curve_df: pd.DataFrame, lags: pd.DataFrame, opts: 
         baseline = {k: v for k, v in baseline.items() if k not in constant}
     if opts.by is None:  # the treatment (the baseline's keys) last: "algo.name=ppo, actor.fixed_lag=4"
         by = [b for b in by if b not in baseline] + [b for b in by if b in baseline]
+    runs = runs.copy()  # (defragmented: selection and measures added columns one by one)
     summary = cmp.summarize(runs, by, baseline)
     costs = cmp.cost_differences(runs, by, baseline)
     normalized = cmp.normalized_aggregates(runs, by)

@@ -79,7 +79,7 @@ def load_runs(paths, threshold: Optional[float] = None, include_failed: bool = F
     runs = frames[0]
     runs.insert(0, "run_id", np.arange(len(runs)))
     runs["used"] = True if include_failed else runs["status"].eq("completed")
-    return runs
+    return runs.copy()  # one block per dtype (built column by column, it would warn on every later assign)
 
 
 def curves(paths, runs: Optional[pd.DataFrame] = None) -> pd.DataFrame:
