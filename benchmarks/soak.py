@@ -54,19 +54,11 @@ def sample(pid: int) -> dict:
             "semaphores": sum(n.startswith("sem.") for n in shm), "children": _descendants(pid)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runner", default="process", choices=["process", "thread", "ray"])
-    ap.add_argument("--steps", type=int, default=3_000_000)
-    ap.add_argument("--kill-every", type=int, default=512)
-    ap.add_argument("--start-method", default="forkserver", help="process runner: spawn | forkserver")
-    ap.add_argument("--every", type=float, default=0.5, help="seconds between samples")
-    ap.add_argument("--warmup", type=float, default=0.1, help="fraction of samples skipped before 'first'")
-    ap.add_argument("overrides", nargs="*", help="more train.py overrides")
-    args = ap.parse_args()
+def soak(args, kill_every: int) -> dict:
+    """One run; returns its summary, wall time and the resource samples (warm-up and shutdown cut off)."""
     run_dir = Path(tempfile.mkdtemp(prefix=f"laglab-soak-{args.runner}-"))
     cmd = [sys.executable, str(ROOT / "train.py"), f"runner={args.runner}", "chaos=faults",
-           f"chaos.kill_every_steps={args.kill_every}", "runner.actors_max_restarts=1000000",
+           f"chaos.kill_every_steps={kill_every}", "runner.actors_max_restarts=1000000",
            "runner.restart_backoff_s=0", "tracking.wandb.mode=disabled", f"total_env_steps={args.steps}",
            f"hydra.run.dir={run_dir}", *args.overrides]
     if args.runner == "process":
@@ -83,30 +75,58 @@ def main() -> None:
         except (OSError, StopIteration):
             pass
         time.sleep(args.every)
-    err = err_path.read_text()
     wall = time.monotonic() - t0
     s = json.loads((run_dir / "summary.json").read_text())
     t = s.get("transport", {})
     restarts = s.get("actor_restarts", 0)
-    print(f"run dir {run_dir}: status {s['status']} (exit {p.returncode}), {s['env_steps']:,} env steps in "
+    print(f"  run dir {run_dir}: status {s['status']} (exit {p.returncode}), {s['env_steps']:,} env steps in "
           f"{wall:.0f} s, {restarts:,} restarts ({restarts / wall:.1f}/s), kills injected "
           f"{s.get('chaos', {}).get('kills', 0):,}; books: produced {t.get('produced', 0):,}, unaccounted "
           f"{t.get('unaccounted')}, worst at any update {t.get('worst_unaccounted_at_update')}, balanced "
-          f"{t.get('balanced')}")
+          f"{t.get('balanced')}", flush=True)
     if p.returncode:
-        print(err[-3000:])
-    k = int(len(rows) * args.warmup)
-    keep = rows[k:]
-    if len(keep) < 3:
+        print(err_path.read_text()[-3000:])
+    keep = rows[int(len(rows) * args.warmup): max(int(len(rows) * 0.97), 1)]  # (the last 3%: shutdown)
+    return {"summary": s, "wall": wall, "restarts": restarts, "rows": keep}
+
+
+def _slope(rows, key) -> float:
+    """Least-squares growth of ``key`` per second."""
+    ts = np.array([r["t"] for r in rows])
+    v = np.array([r[key] for r in rows], dtype=float)
+    return float(np.polyfit(ts, v, 1)[0]) if len(rows) >= 3 and np.ptp(ts) > 0 else 0.0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runner", default="process", choices=["process", "thread", "ray"])
+    ap.add_argument("--steps", type=int, default=3_000_000)
+    ap.add_argument("--kill-every", type=int, default=512)
+    ap.add_argument("--start-method", default="forkserver", help="process runner: spawn | forkserver")
+    ap.add_argument("--every", type=float, default=0.5, help="seconds between samples")
+    ap.add_argument("--warmup", type=float, default=0.1, help="fraction of samples skipped before 'first'")
+    ap.add_argument("--no-control", action="store_true",
+                    help="skip the control run without kills (it separates what restarts cost from what a run of "
+                         "that length holds anyway: the tracker keeps every update's row and every episode)")
+    ap.add_argument("overrides", nargs="*", help="more train.py overrides")
+    args = ap.parse_args()
+    control = None if args.no_control else soak(args, 10 ** 12)
+    run = soak(args, args.kill_every)
+    rows, restarts = run["rows"], run["restarts"]
+    if len(rows) < 3:
         print("too few samples to fit a slope")
         return
-    ts = np.array([r["t"] for r in keep])
-    s_per_restart = wall / max(restarts, 1)
+    per_restart = run["wall"] / max(restarts, 1)
     print(f"{'resource':<14} {'first':>9} {'last':>9} {'max':>9} {'slope / 1k restarts':>20}")
     for key in ("rss_mb", "fds", "threads", "shm_segments", "semaphores", "children"):
-        v = np.array([r[key] for r in keep], dtype=float)
-        slope = np.polyfit(ts, v, 1)[0] * s_per_restart * 1000 if np.ptp(ts) > 0 else 0.0
-        print(f"{key:<14} {v[0]:>9.1f} {v[-1]:>9.1f} {v.max():>9.1f} {slope:>20.2f}")
+        v = np.array([r[key] for r in rows], dtype=float)
+        print(f"{key:<14} {v[0]:>9.1f} {v[-1]:>9.1f} {v.max():>9.1f} {_slope(rows, key) * per_restart * 1000:>20.2f}")
+    if control is not None and len(control["rows"]) >= 3:
+        grow = lambda r: _slope(r["rows"], "rss_mb") * r["wall"]  # noqa: E731 - MB over the run
+        g_kill, g_ctrl = grow(run), grow(control)
+        print(f"RSS growth over {args.steps:,} env steps: {g_kill:.1f} MB with {restarts:,} restarts, {g_ctrl:.1f} MB "
+              f"without kills; attributable to restarts: {1024 * (g_kill - g_ctrl) / max(restarts, 1):+.1f} KB per "
+              "restart")
 
 
 if __name__ == "__main__":

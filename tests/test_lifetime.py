@@ -228,25 +228,31 @@ def _reserve_and_hold(name, conn):
         time.sleep(600)
 
 
-def test_a_sigterm_to_the_whole_group_is_a_shutdown_not_actor_crashes(tmp_path):
-    """What `kill -TERM -- -<pgid>` and `scancel` do: every actor gets the SIGTERM too. The run stops at a safe
-    point, books what the actors held as shutdown, restarts nothing. (A slow learner: the signal lands during an
-    update, and the actors' ends reach the receiver long before the learner reaches a safe point.)"""
-    p = _start(tmp_path, "total_env_steps=50000000", "learner.epochs=40", start_new_session=True)
+def _sigterm_the_group(tmp_path, actors, *args):
+    """Start a run in its own process group, SIGTERM the group once ``actors`` actors run; (summary, stderr,
+    the processes below the learner at the signal, exit code, the learner's pid)."""
+    p = _start(tmp_path, *args, start_new_session=True)
     try:
-        kids = _wait_for_actors(p, tmp_path, 4)
+        kids = _wait_for_actors(p, tmp_path, actors)
         os.killpg(p.pid, signal.SIGTERM)
         _, err = p.communicate(timeout=120)
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.communicate()
-    s = json.loads((tmp_path / "summary.json").read_text())
+    return json.loads((tmp_path / "summary.json").read_text()), err.decode(errors="replace"), kids, p.returncode, p.pid
+
+
+def test_a_sigterm_to_the_whole_group_is_a_shutdown_not_actor_crashes(tmp_path):
+    """What `kill -TERM -- -<pgid>` and `scancel` do: every actor gets the SIGTERM too. The run stops at a safe
+    point, books what the actors held as shutdown, restarts nothing. (A slow learner: the signal lands during an
+    update, and the actors' ends reach the receiver long before the learner reaches a safe point.)"""
+    s, err, kids, rc, pid = _sigterm_the_group(tmp_path, 4, "total_env_steps=50000000", "learner.epochs=40")
     assert s["status"] == "interrupted", err[-3000:]
     t = s["transport"]
     assert balanced(t)
     assert "actor_crash" not in t["dropped"] and s["actor_restarts"] == 0, (t["dropped"], s["actor_restarts"])
-    assert not _wait_gone(kids) and not leftover_segments(p.pid)
+    assert rc == 130 and not _wait_gone(kids) and not leftover_segments(pid)
 
 
 def test_process_runner_is_refused_where_stores_are_not_kept_in_order(monkeypatch):
@@ -389,19 +395,10 @@ def test_a_run_in_another_pid_namespace_is_not_swept(tmp_path):
 def test_a_group_sigterm_while_actors_restart_interrupts_the_run(tmp_path):
     """Actors die and restart all the time (a kill every rollout, no backoff), so the SIGTERM reaches some of them
     before they can act on it: the run still ends interrupted, not failed, and nothing restarts after it."""
-    p = _start(tmp_path, "actors=2", "total_env_steps=50000000", "chaos.kill_every_steps=256",
-               "runner.restart_backoff_s=0", "runner.actors_max_restarts=100000", start_new_session=True)
-    try:
-        _wait_for_actors(p, tmp_path, 2)
-        os.killpg(p.pid, signal.SIGTERM)
-        _, err = p.communicate(timeout=120)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
-    s = json.loads((tmp_path / "summary.json").read_text())
+    s, err, _, rc, _ = _sigterm_the_group(tmp_path, 2, "actors=2", "total_env_steps=50000000", "chaos.kill_every_steps=256",
+                                       "runner.restart_backoff_s=0", "runner.actors_max_restarts=100000")
     assert s["status"] == "interrupted" and "error" not in s, (s.get("error"), err[-2000:])
-    assert p.returncode == 130 and balanced(s["transport"])
+    assert rc == 130 and balanced(s["transport"])
 
 
 def test_budget_a_killed_actor_reserved_and_never_reported_is_given_back(tmp_path):
