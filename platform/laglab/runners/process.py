@@ -457,8 +457,9 @@ class _Runner:
             deadline = time.monotonic() + 10
             with self.conn_lock:
                 live = list(self.children)
-            for c in live:
-                while not c.finalized.wait(0.05) and receiver.is_alive() and time.monotonic() < deadline:
+            for c in live:  # (a second stop signal: stop now, kill what has not ended)
+                while (not c.finalized.wait(0.05) and receiver.is_alive() and time.monotonic() < deadline
+                       and stop_requested() < 2):
                     pass
             for c in live:
                 if not c.finalized.is_set():
