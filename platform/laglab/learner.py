@@ -139,6 +139,17 @@ class Learner:
                 self.incarnation_mark = None
         return inc
 
+    def settle_incarnation_mark(self) -> None:
+        """The run has ended and hands out no more incarnations: make the mark exact, so a run resumed from
+        a run that ended (not crashed) continues at exactly the next number."""
+        if self.incarnation_mark is not None and self.incarnation_mark.exists():
+            try:
+                tmp = self.incarnation_mark.with_suffix(".tmp")
+                tmp.write_text(f"{self.next_incarnation}\n")
+                os.replace(tmp, self.incarnation_mark)
+            except OSError:
+                pass
+
     # ---- publication -------------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
         """The current policy as a snapshot (weights and the observation statistics the learner normalizes with

@@ -207,6 +207,7 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
         if cfg.learner.checkpoint:
             try:
                 summary["checkpoint"] = str(learner.save_checkpoint(run_dir / "checkpoints" / "final.pt", env_steps))
+                learner.settle_incarnation_mark()  # (every actor has stopped: no number is handed out any more)
             except Exception as e:  # noqa: BLE001 - a full disk, a file in the way: the summary is written regardless
                 summary["checkpoint_error"] = f"{type(e).__name__}: {e}"
                 log.error("laglab: the final checkpoint could not be written: %s", summary["checkpoint_error"])
