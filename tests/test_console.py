@@ -3,10 +3,7 @@ a footer naming the run dir on every exit path; the bar kept out of W&B's output
 to the run's log file (MuJoCo's compiler warnings, also from actor processes and evaluate.py; Ray's start-up
 warnings, with a "starting Ray" line in their place), and the footer built from a summary dict."""
 import json
-import os
-import pty
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -16,41 +13,20 @@ import pytest
 
 from laglab.console import footer
 
+from terminal import run_in_terminal
+
 ROOT = Path(__file__).resolve().parents[1]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 LOG_LINE = re.compile(r"\[\d{4}-\d\d-\d\d [\d:,]+\]\[")  # Hydra's log prefix: [2026-11-30 21:06:01,718][
 
 
 def in_terminal(*args, on_output=None, timeout=300):
-    """Run ``python train.py args`` (or another script: args[0] ending in .py) with stdin, stdout and stderr
-    on a pseudo-terminal; returns (exit code, everything the terminal received). ``on_output(screen, proc)``
-    is called with the screen so far after each read."""
+    """Run ``python train.py args`` (or another script: args[0] ending in .py) on a pseudo-terminal; returns
+    (exit code, everything the terminal received). ``on_output(screen, proc)`` is called with the screen so far
+    after each read."""
     cmd = list(args) if args and str(args[0]).endswith(".py") else ["train.py", *args]
-    master, slave = pty.openpty()
-    p = subprocess.Popen([sys.executable, *map(str, cmd)], cwd=ROOT, stdin=slave, stdout=slave, stderr=slave,
-                         env=dict(os.environ, TERM="xterm", COLUMNS="120"))
-    os.close(slave)
-    screen = b""
-    try:
-        while True:
-            r, _, _ = select.select([master], [], [], 1.0)
-            if r:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:  # the child closed the terminal
-                    break
-                if not chunk:
-                    break
-                screen += chunk
-                if on_output:
-                    on_output(screen.decode("utf-8", "replace"), p)
-            elif p.poll() is not None:
-                break
-        rc = p.wait(timeout)
-    finally:
-        p.kill()
-        os.close(master)
-    return rc, screen.decode("utf-8", "replace")
+    return run_in_terminal(cmd, on_output=(lambda screen, p, _: on_output(screen, p)) if on_output else None,
+                           timeout=timeout)
 
 
 def screen_lines(text: str):

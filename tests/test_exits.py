@@ -3,8 +3,6 @@ signal at the worst moments for the books, a final checkpoint that cannot be wri
 credentials, resumes that cannot work, a queue bound smaller than one fragment, and strict JSON."""
 import json
 import os
-import pty
-import select
 import signal
 import subprocess
 import sys
@@ -17,6 +15,8 @@ from omegaconf import OmegaConf
 from laglab.config import Config, ConfigError, validate
 from laglab.runners import supervisor
 from laglab.run import CheckpointFailed, run
+
+from terminal import run_in_terminal
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["tracking.wandb.mode=disabled", "tracking.console_every_s=0"]
@@ -48,44 +48,18 @@ def strict_json(path: Path):
 
 
 # ---- Ctrl-C in a terminal -------------------------------------------------------------------------------
-def _controlling_tty():
-    os.setsid()
-    import fcntl
-    import termios
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+def ctrl_c(args, presses: int, after: str = "steps "):
+    """Run train.py on its controlling pseudo-terminal (^C is a SIGINT to its foreground group, actor processes
+    included); type ``presses`` ^C once ``after`` shows on the screen (the run is training). Returns (exit code,
+    screen)."""
+    typed = []
 
+    def type_once(screen, p, type_keys):
+        if not typed and after in screen:
+            type_keys(b"\x03" * presses)
+            typed.append(1)
 
-def ctrl_c(args, presses: int, after: bytes = b"steps "):
-    """Run train.py on a pseudo-terminal (its controlling terminal, so ^C is a SIGINT to its foreground group,
-    actor processes included); type ``presses`` ^C once ``after`` shows on the screen (the run is training).
-    Returns (exit code, screen)."""
-    master, slave = pty.openpty()
-    p = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, stdin=slave, stdout=slave,
-                         stderr=slave, env=dict(os.environ, TERM="xterm", COLUMNS="120"), preexec_fn=_controlling_tty)
-    os.close(slave)
-    screen, typed = b"", False
-    try:
-        while True:
-            r, _, _ = select.select([master], [], [], 1.0)
-            if r:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:  # the child closed the terminal
-                    break
-                if not chunk:
-                    break
-                screen += chunk
-                if not typed and after in screen:
-                    os.write(master, b"\x03" * presses)
-                    typed = True
-            elif p.poll() is not None:
-                break
-        rc = p.wait(120)
-    finally:
-        if p.poll() is None:
-            p.kill()
-        os.close(master)
-    return rc, screen.decode("utf-8", "replace")
+    return run_in_terminal(["train.py", *args], on_output=type_once, controlling=True, timeout=120)
 
 
 @pytest.mark.parametrize("presses", [1, 2])

@@ -3,16 +3,13 @@ against pyproject.toml, so a package that happens to be installed here cannot hi
 and ``python train.py`` in a real pseudo-terminal, where the live progress bar runs."""
 import ast
 import json
-import os
-import pty
 import re
-import select
-import subprocess
 import sys
-import time
 import tomllib
 from importlib.metadata import packages_distributions
 from pathlib import Path
+
+from terminal import run_in_terminal
 
 ROOT = Path(__file__).resolve().parents[1]
 # import name -> distribution, for packages whose metadata does not say (or is not installed to ask)
@@ -83,31 +80,8 @@ def test_the_check_fails_for_an_undeclared_import(tmp_path):
 
 def test_train_py_in_a_pseudo_terminal_shows_progress_and_completes(tmp_path):
     out = tmp_path / "run"
-    master, slave = pty.openpty()
-    p = subprocess.Popen([sys.executable, "train.py", "total_env_steps=20000", "tracking.wandb.mode=disabled",
-                          f"hydra.run.dir={out}"], cwd=ROOT, stdin=slave, stdout=slave, stderr=slave,
-                         env=dict(os.environ, TERM="xterm", COLUMNS="120"))
-    os.close(slave)
-    screen = b""
-    deadline = time.monotonic() + 300
-    try:
-        while time.monotonic() < deadline:
-            r, _, _ = select.select([master], [], [], 1.0)
-            if r:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:  # the child closed the terminal
-                    break
-                if not chunk:
-                    break
-                screen += chunk
-            elif p.poll() is not None:
-                break
-        rc = p.wait(60)
-    finally:
-        p.kill()
-        os.close(master)
-    text = screen.decode("utf-8", "replace")
+    rc, text = run_in_terminal(["train.py", "total_env_steps=20000", "tracking.wandb.mode=disabled",
+                                f"hydra.run.dir={out}"], timeout=300)
     assert rc == 0, text[-3000:]
     assert "laglab" in text and "20,000" in text and "sps" in text  # the live bar drew (total and info)
     assert "Traceback" not in text

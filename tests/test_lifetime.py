@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from laglab.shm import leftover_segments
@@ -409,7 +408,6 @@ def test_budget_a_killed_actor_reserved_and_never_reported_is_given_back(tmp_pat
     import threading
 
     from laglab.run import run
-    from laglab.runners.process import check_fits  # noqa: F401 - (the runner module loads)
     stop, killed = threading.Event(), []
 
     def killer():
