@@ -435,3 +435,32 @@ def test_budget_a_killed_actor_reserved_and_never_reported_is_given_back(tmp_pat
     assert s["status"] == "completed" and balanced(tr)
     assert len(killed) >= 3 and tr["queue"]["budget_released"] > 0, (len(killed), tr["queue"]["budget_released"])
     assert s["env_steps"] == tr["produced"]  # nothing reserved stays unaccounted for in the budget
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_ctrl_c_while_actors_start_prints_no_traceback(tmp_path, start_method):
+    """Ctrl-C reaches the whole foreground group, also actors still importing (here they restart all the time):
+    they start with it blocked and ignore it before unblocking, so no KeyboardInterrupt traceback reaches the
+    terminal, and the run ends interrupted."""
+    p = _start(tmp_path, "actors=2", "total_env_steps=50000000", "chaos.kill_every_steps=256",
+               f"runner.start_method={start_method}", "runner.restart_backoff_s=0",
+               "runner.actors_max_restarts=100000", start_new_session=True)
+    try:
+        _wait_for_actors(p, tmp_path, 2)
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:  # ^C after ^C at the actors (some are starting), not at the learner ...
+            for k in _descendants(p.pid):
+                try:
+                    os.kill(k, signal.SIGINT)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.005)
+        os.killpg(p.pid, signal.SIGINT)  # ... then one for the whole group: the run stops
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+    err = err.decode(errors="replace")
+    assert "KeyboardInterrupt" not in err and "Traceback" not in err, err[-3000:]
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "interrupted"

@@ -18,6 +18,7 @@ import multiprocessing as mp
 import os
 import platform as stdlib_platform
 import shutil
+import signal
 import threading
 import time
 from multiprocessing.connection import wait as wait_conns
@@ -245,6 +246,11 @@ class _Runner:
                                       self.per, w, bell.wait_end, self.lifeline.child_end, self.log_path),
                                 daemon=True)
         saved = {v: os.environ.get(v) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+        # Ctrl-C and SIGTERM reach the whole process group, also a child that is still importing, before it can
+        # ignore them (a KeyboardInterrupt traceback on the user's terminal): it starts with both blocked (the
+        # mask survives fork and exec) and unblocks them once it handles them itself. Blocked, not ignored: a
+        # signal for the learner in this window waits instead of being lost.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
             os.environ.update({v: "1" for v in saved})  # one BLAS thread in the child
             proc.start()
@@ -253,6 +259,7 @@ class _Runner:
             bell.close_ring_end()
             raise
         finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             w.close()  # the child holds the only write end: its exit is our EOF
             bell.close_wait_end()  # and the only end it waits on
             for v, old in saved.items():

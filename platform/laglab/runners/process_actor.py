@@ -77,6 +77,9 @@ def _redirect_output(log_path: Optional[str]) -> None:
 
 def main(cfg: Config, actor_id: int, inc: int, names: Names, shapes, obs_shape, per_actor: int, conn,
          bell_end, life_end, log_path: Optional[str] = None) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the learner's to handle; it stops us
+    signal.signal(signal.SIGTERM, lambda *_: _TERM.append(1))  # a group SIGTERM: stop as at shutdown
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})  # (blocked since our start)
     die_with_parent()  # SIGKILL from the kernel when our parent exits, wherever we are
     forget_fork_server()  # (under forkserver: the server must be free to exit with the learner)
     for c in (conn, bell_end, life_end):  # a subprocess an env starts must not hold our pipes open
@@ -85,8 +88,6 @@ def main(cfg: Config, actor_id: int, inc: int, names: Names, shapes, obs_shape, 
     if lifeline.gone():  # the parent died before we asked
         os._exit(0)
     _redirect_output(log_path)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the learner's to handle; it stops us
-    signal.signal(signal.SIGTERM, lambda *_: _TERM.append(1))  # a group SIGTERM: stop as at shutdown
     if cfg.runner.actor_nice:
         try:
             os.nice(cfg.runner.actor_nice)  # the learner is the bottleneck it must not wait for a core
