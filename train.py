@@ -8,9 +8,13 @@ Kept light at import: actor processes started with ``spawn`` re-import this modu
 Hydra (everything heavy is imported when it runs as the program)."""
 from __future__ import annotations
 
-import os
-import signal
-import sys
+import time
+
+T_TOP = time.monotonic()  # (the interpreter's start-up ends here: laglab.timeline's "interpreter")
+
+import os  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "platform"))
 
@@ -22,12 +26,29 @@ def main(cfg) -> float:
     from hydra.types import RunMode
     from omegaconf import OmegaConf
 
-    from laglab.config import ConfigError, validate
-    from laglab.run import CheckpointFailed, run
-    from laglab.runners.supervisor import request_stop, stop_requested
+    from laglab import timeline
 
     hc = HydraConfig.get()
     sweep = hc.mode == RunMode.MULTIRUN
+    if sweep and timeline.get("config") is not None:  # a later job of a sweep: its start-up counts from here
+        timeline.reset()
+        timeline.mark("process_start")
+    else:
+        timeline.mark("interpreter", T_TOP)
+    timeline.mark("config")
+    from laglab.config import ConfigError, validate
+    from laglab.runners import warm_up
+    from laglab.runners.supervisor import request_stop, stop_requested
+
+    try:
+        c = validate(cfg)  # checked before Hydra started (laglab.preflight); run() checks again before it starts
+    except ConfigError as e:
+        print(f"laglab: {e}", file=sys.stderr)
+        sys.exit(2)
+    warm_up(c.runner)  # (the actors' fork server imports while this process imports torch)
+    from laglab.run import CheckpointFailed, run
+
+    timeline.mark("imports")
     if stop_requested():  # Ctrl-C between two jobs of a sweep: start no other
         sys.exit(INTERRUPTED)
     # SIGTERM and Ctrl-C stop the run at its next safe point; it still writes its summary (status: interrupted)
@@ -35,7 +56,6 @@ def main(cfg) -> float:
     signal.signal(signal.SIGINT, request_stop)
     group = hc.sweep.dir if sweep else None  # a sweep is one W&B group
     try:
-        c = validate(cfg)  # checked before Hydra started (laglab.preflight); run() checks again before it starts
         summary = run(c, hc.runtime.output_dir, resolved_config=OmegaConf.to_container(cfg, resolve=True),
                       group=group)
     except ConfigError as e:

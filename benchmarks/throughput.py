@@ -6,6 +6,10 @@ runner=process with the Ray path's own cost per fragment.
 
     python benchmarks/throughput.py [--repeats 1] [--only cartpole,halfcheetah,latency,hetero,ray] [--out DIR]
 
+CartPole and HalfCheetah also run the default process run (what a user gets without ``actors=``), repeats
+interleaved, and print each run's fraction of the machine's ceiling: min(cores, actors + 1) x the sync runner's
+SPS (the sync runner steps and learns on one core; an asynchronous run can at best do that on every core).
+
 Each run is its own process (`python train.py ...`), W&B off; SPS is summary.json's `sps` (env steps over
 the run's wall time, start-up included). Prints markdown tables with ratios against the best in-process
 runner (sync or thread) measured in the same invocation.
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -38,23 +43,47 @@ def train(out: Path, name: str, overrides: List[str]) -> Dict[str, object]:
     wall = float(s["wall_time_s"])
     share = {k: float(a[k].mean()) / wall for k in ("env_s", "infer_s", "throttle_s", "blocked_s", "snapshot_s")
              if k in a}
-    return {"name": name, "sps": float(s["sps"]), "wall": wall, "final": s["final_return_mean"],
+    return {"name": name, "sps": float(s["sps"]), "wall": wall, "final": s["final_return_mean"], "actors": s["actors"],
             "lag": float(m["lag/mean"].mean()), "learner_wait": float(m["learner/wait_frac"].iloc[-1]), **share}
 
 
-def table(rows: List[Dict[str, object]], base: float) -> None:
-    print("| run | SPS | x best in-process | final return | mean lag | learner waiting | actor time: env / infer / "
-          "throttle / blocked / snapshot |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+def cores() -> int:
+    """CPUs this process may use (its affinity, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def ceiling(sync_sps: float, processes: int) -> float:
+    """The machine's limit for a run of ``processes`` busy processes (actors + learner): each core can do what
+    the synchronous runner does on one core (it steps the envs and learns in one thread), so
+    min(cores, processes) x sync SPS."""
+    return min(cores(), processes) * sync_sps
+
+
+def table(rows: List[Dict[str, object]], base: float, sync_sps: float = 0.0) -> None:
+    """``sync_sps``: the per-core rate for the ceiling column (0: no such column)."""
+    print("| run | SPS | x best in-process | " + ("of the ceiling | " if sync_sps else "") + "final return | mean lag "
+          "| learner waiting | actor time: env / infer / throttle / blocked / snapshot |")
+    print("| --- | --- | --- | " + ("--- | " if sync_sps else "") + "--- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['name']} | {r['sps']:,.0f} | {r['sps'] / base:.2f} | {r['final']:.1f} | {r['lag']:.2f} | "
+        of = ""
+        if sync_sps:
+            procs = 1 if " sync " in r["name"] else int(r["actors"]) + 1
+            of = f"{r['sps'] / ceiling(sync_sps, procs):.2f} | "
+        print(f"| {r['name']} | {r['sps']:,.0f} | {r['sps'] / base:.2f} | {of}{r['final']:.1f} | {r['lag']:.2f} | "
               f"{r['learner_wait']:.0%} | {r['env_s']:.0%} / {r['infer_s']:.0%} / {r['throttle_s']:.0%} / "
               f"{r['blocked_s']:.0%} / {r['snapshot_s']:.0%} |")
 
 
 def median_run(out: Path, name: str, overrides: List[str], repeats: int) -> Dict[str, object]:
-    runs = [train(out, f"{name}-r{i}", overrides) for i in range(repeats)]
-    runs.sort(key=lambda r: r["sps"])
+    return median_of(name, [train(out, f"{name}-r{i}", overrides) for i in range(repeats)])
+
+
+def median_of(name: str, runs: List[Dict[str, object]]) -> Dict[str, object]:
+    repeats = len(runs)
+    runs = sorted(runs, key=lambda r: r["sps"])
     r = dict(runs[len(runs) // 2])
     r["name"] = name
     if repeats > 1:
@@ -76,16 +105,24 @@ def main() -> None:
                                                            f"total_env_steps={args.halfcheetah_steps}"])]:
         if task not in only:
             continue
-        rows = []
-        for runner in ("sync", "thread", "process"):
-            for actors in (2, 4):
-                rows.append(median_run(out, f"{task} {runner} a{actors}", [f"runner={runner}", f"actors={actors}",
-                                                                           *extra], args.repeats))
+        runs = [(f"{task} {runner} a{actors}", [f"runner={runner}", f"actors={actors}"])
+                for runner in ("sync", "thread", "process") for actors in (2, 4)]
+        runs.append((f"{task} process default", []))  # what a user gets: the default runner and actor count
+        reps: Dict[str, List[Dict[str, object]]] = {name: [] for name, _ in runs}
+        for i in range(args.repeats):  # interleaved: drift in the machine spreads over every contender
+            for name, over in runs:
+                reps[name].append(train(out, f"{name}-r{i}", [*over, *extra]))
+        rows = [median_of(name, reps[name]) for name, _ in runs]
         base = max(r["sps"] for r in rows if " process " not in r["name"])
-        print(f"### {task}\n")
-        table(rows, base)
+        sync_sps = max(r["sps"] for r in rows if " sync " in r["name"])
+        print(f"### {task} ({cores()} cores: the ceiling is min(cores, actors + 1) x the best sync SPS, "
+              f"{sync_sps:,.0f})\n")
+        table(rows, base, sync_sps)
         best_p = max(r["sps"] for r in rows if " process " in r["name"])
-        print(f"\nbest process / best in-process: **{best_p / base:.2f}x**\n")
+        default = rows[-1]
+        print(f"\nbest process / best in-process: **{best_p / base:.2f}x**; the default run "
+              f"({default['actors']} actors) / sync: **{default['sps'] / sync_sps:.2f}x**, "
+              f"{default['sps'] / ceiling(sync_sps, int(default['actors']) + 1):.2f} of the ceiling\n")
     if "latency" in only:
         rows = []
         for actors in (2, 4):

@@ -3,6 +3,7 @@ exact books, bad input refused before any process starts, and nothing leaked on 
 import json
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -190,12 +191,13 @@ def test_a_slot_pool_that_cannot_work_is_refused_naming_the_key(tmp_path):
     assert not children() and not leftover_segments(os.getpid())
 
 
-def test_a_child_that_cannot_start_fails_the_run_with_its_error(tmp_path):
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_a_child_that_cannot_start_fails_the_run_with_its_error(tmp_path, start_method):
     from laglab.runners.supervisor import ActorFailed
 
     t0 = time.monotonic()
     with pytest.raises(ActorFailed, match="cannot start in an actor process"):
-        run(pcfg(env={"id": "failing_env:FailInChild-v0"}), tmp_path)
+        run(pcfg(env={"id": "failing_env:FailInChild-v0"}, runner={"start_method": start_method}), tmp_path)
     assert time.monotonic() - t0 < 60  # quickly: no restarts of a child that never started (not a hang)
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["status"] == "failed" and "could not start" in s["error"]
@@ -203,6 +205,29 @@ def test_a_child_that_cannot_start_fails_the_run_with_its_error(tmp_path):
 
 
 # ---- nothing leaks -----------------------------------------------------------------------------------------
+def test_forkserver_actors_run_the_learners_code_not_the_installed_copy(tmp_path):
+    """Two checkouts, one of them installed (editable): a run started from the other must fork its actors from
+    its own code. Python 3.11's fork server ignores the parent's sys.path, so before the fix the actors imported
+    the installed laglab: here its status rows have another layout, so the learner saw no heartbeat and the
+    run failed restarting them."""
+    copy = tmp_path / "checkout"
+    shutil.copytree(ROOT / "platform", copy / "platform", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "conf", copy / "conf")
+    shutil.copy(ROOT / "train.py", copy / "train.py")
+    shm = copy / "platform" / "laglab" / "shm.py"
+    text = shm.read_text()
+    assert 'FIELDS = ("beat",' in text
+    shm.write_text(text.replace('FIELDS = ("beat",', 'FIELDS = ("this_checkout", "beat",'))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "train.py", "runner=process", "runner.start_method=forkserver", "actors=2",
+                          "total_env_steps=4096", "learner.batch_size=512", "tracking.wandb.mode=disabled",
+                          "runner.actors_max_restarts=0", f"hydra.run.dir={tmp_path / 'run'}"],
+                         cwd=copy, env=env, capture_output=True, text=True, timeout=300)
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert out.returncode == 0 and s["status"] == "completed", (s.get("error"), out.stderr[-2000:])
+    assert s.get("actor_restarts", 0) == 0
+
+
 def _train(tmp_path, *args):
     return subprocess.Popen([sys.executable, "train.py", "runner=process", "tracking.wandb.mode=disabled",
                              "tracking.flush_every_s=0", f"hydra.run.dir={tmp_path}", *args], cwd=ROOT,
@@ -210,16 +235,30 @@ def _train(tmp_path, *args):
 
 
 def _pids_of_children(pid):
-    out = []
+    """Every process below ``pid``: children, and the fork server's children (the actors under forkserver)."""
+    parent = {}
     for p in Path("/proc").iterdir():
         if p.name.isdigit():
             try:
-                stat = (p / "stat").read_text()
-            except OSError:
+                parent[int(p.name)] = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError):
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(p.name))
+    out, todo = [], [pid]
+    while todo:
+        q = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == q]
+        out += kids
+        todo += kids
     return out
+
+
+def _actors(kids):
+    """The actor processes among ``kids``: spawned ones run spawn_main; forked ones are the fork server's
+    children (the server runs forkserver's main and has the run's lifeline)."""
+    cmd = {k: Path(f"/proc/{k}/cmdline").read_bytes() for k in kids if Path(f"/proc/{k}").exists()}
+    servers = {k for k, c in cmd.items() if b"forkserver" in c}
+    ppid = {k: int(Path(f"/proc/{k}/stat").read_text().rsplit(")", 1)[1].split()[1]) for k in cmd}
+    return [k for k, c in cmd.items() if b"spawn_main" in c or ppid[k] in servers]
 
 
 def _wait_for_metrics(p, run_dir):
@@ -230,23 +269,25 @@ def _wait_for_metrics(p, run_dir):
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("how", ["completed", "sigterm", "ctrl_c", "sigkill_actor"])
-def test_no_shared_memory_or_process_is_left_behind(tmp_path, how):
+@pytest.mark.parametrize("how,start_method", [("completed", "spawn"), ("sigterm", "spawn"), ("ctrl_c", "spawn"),
+                                               ("sigkill_actor", "spawn"), ("completed", "forkserver"),
+                                               ("sigterm", "forkserver"), ("sigkill_actor", "forkserver")])
+def test_no_shared_memory_or_process_is_left_behind(tmp_path, how, start_method):
     budget = "total_env_steps=16384" if how == "completed" else "total_env_steps=50000000"
-    p = _train(tmp_path, budget)
+    p = _train(tmp_path, budget, f"runner.start_method={start_method}")
     kids = []
     try:
         if how != "completed":
             _wait_for_metrics(p, tmp_path)
             kids = _pids_of_children(p.pid)
-            assert len(kids) >= 4  # 4 actors (+ the resource tracker)
+            assert len(_actors(kids)) == 4, kids  # 4 actors (+ the resource tracker, the fork server)
             assert leftover_segments(p.pid)  # the run's segments exist while it runs
             if how == "sigterm":
                 p.send_signal(signal.SIGTERM)
             elif how == "ctrl_c":
                 os.killpg(p.pid, signal.SIGINT)  # the whole foreground group, as a terminal does
             else:
-                actor = next(k for k in kids if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes())
+                actor = _actors(kids)[0]
                 os.kill(actor, signal.SIGKILL)
                 time.sleep(2.0)  # let the supervisor notice, then stop the run
                 p.send_signal(signal.SIGTERM)

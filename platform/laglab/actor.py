@@ -9,6 +9,7 @@ from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import timeline
 from .config import Config
 from .envs import EnvGroup, discounted_return, normalize
 from .fragment import Fragment, FragmentId
@@ -72,6 +73,7 @@ class Actor:
         self.heartbeat: Optional[Callable[[], None]] = None  # called every step: alive while collecting
         self.snapshot: Optional[Snapshot] = None
         self.stats = ActorStats()
+        self.first_step_t: Optional[float] = None  # monotonic time of this actor's first env step
         self.obs = self.envs.reset()
         self.t = np.zeros(n, dtype=np.int64)  # env-instance step counters
         self.episode_id = np.zeros(n, dtype=np.int64)
@@ -135,6 +137,9 @@ class Actor:
             t1 = time.perf_counter()
             res = self.envs.step(env_a, None if envs is None else index)
             t2 = time.perf_counter()
+            if self.first_step_t is None:
+                self.first_step_t = time.monotonic()
+                timeline.mark("first_env_step", self.first_step_t)  # (in-process runners; a process: its status)
             obs_buf[step] = obs
             act_buf[step] = a_np
             logp_buf[step] = logp

@@ -91,7 +91,7 @@ def prestart(cfg: Config, spec: Optional[EnvSpec] = None) -> EnvSpec:
     check_resume(cfg, spec)
     check_wandb(cfg)
     if cfg.runner.name == RunnerKind.process:
-        from .runners.process import check_fits
+        from .runners.slots import check_fits
 
         check_fits(cfg, spec)
     return spec

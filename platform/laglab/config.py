@@ -132,7 +132,7 @@ class RunnerConfig:
     restart_window_s: float = 10.0
     heartbeat_timeout_s: float = 60.0  # an actor that shows no sign of life this long is declared hung
     restart_backoff_s: float = 0.5  # wait before a restart
-    start_method: str = "spawn"  # process runner: spawn | forkserver
+    start_method: str = "forkserver"  # process runner: spawn | forkserver
     slots_per_actor: int = 0  # process runner: shared-memory fragment slots per actor (0 = auto)
     start_timeout_s: float = 120.0  # process runner: an actor process that has not started by then fails the run
     actor_nice: int = 19  # process runner: niceness added to actor processes (0 = same priority as the learner)
@@ -479,3 +479,8 @@ def validate(cfg: Any) -> Config:
         c.tracking.wandb.mode,
     )
     return c
+
+
+def batch_fragments(cfg: Config) -> int:
+    """Fragments in one learner batch."""
+    return cfg.learner.batch_size // cfg.actor.rollout_len

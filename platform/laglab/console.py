@@ -291,7 +291,9 @@ def footer(summary: Mapping[str, Any], run_dir: Any) -> str:
         lines.extend(_faults(ch, t or {}, s.get("actor_restarts", 0)))
     wb = s.get("wandb")
     if wb:
-        if wb.get("mode") == "offline":
+        if wb.get("error"):
+            row("W&B", f"{wb.get('mode')}, did not start ({wb['error']}); the run dir has every metric")
+        elif wb.get("mode") == "offline":
             row("W&B", f"offline; upload: wandb sync {q(wb.get('run_path') or Path(wb.get('dir', d)).parent)}")
         else:
             url = wb.get("url")

@@ -17,7 +17,7 @@ from .accounting import Budget
 from .checks import check_resume, env_spec, prestart, resume_checkpoint  # noqa: F401 - check_resume, env_spec: API
 from .learner import INCARNATION_MARK, Learner
 from .shm import sweep_stale
-from . import runners
+from . import runners, timeline
 from .console import footer
 from .tracking import Tracker
 
@@ -111,22 +111,19 @@ class CheckpointFailed(RuntimeError):
 
 
 def start_tracker(cfg: Config, run_dir: Path, resolved_config: Dict[str, Any], group: Optional[str]) -> Tracker:
-    """The run's tracker; a W&B that cannot start is a :class:`ConfigError` naming the mode. An offline W&B run
-    says so once, with the command that uploads it later."""
+    """The run's tracker; a W&B that cannot start online is a :class:`ConfigError` naming the mode. An offline
+    W&B run starts in the background (the run does not wait for it) and says once, when it is up, the command
+    that uploads it later."""
     mode = cfg.tracking.wandb.mode
     try:
-        tracker = Tracker(run_dir, cfg.tracking, cfg.total_env_steps, resolved_config, cfg.algo.name, group)
+        return Tracker(run_dir, cfg.tracking, cfg.total_env_steps, resolved_config, cfg.algo.name, group,
+                       wandb_background=True)
     except Exception as e:  # noqa: BLE001 - W&B's own errors (credentials, network) have no common base class
         if mode == "disabled":
             raise
         why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"invalid config: tracking.wandb.mode={mode}: W&B did not start ({why}); allowed: offline | "
                           "disabled, or fix what W&B reports (credentials: `wandb login`)") from e
-    w = tracker.wandb
-    if w is not None and w.mode == "offline":
-        why = " (auto: no W&B credentials configured)" if mode == "auto" else ""
-        log.info("laglab: W&B is offline%s; upload this run later with: wandb sync %s", why, Path(w.run.dir).parent)
-    return tracker
 
 
 def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = None,
@@ -145,6 +142,7 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
     torch.manual_seed(cfg.seed)
     spec = prestart(cfg)  # everything a run is refused for, before anything is created
     learner = Learner(cfg, spec)
+    timeline.mark("learner")
     if cfg.learner.checkpoint or cfg.learner.checkpoint_every:
         learner.incarnation_mark = run_dir / "checkpoints" / INCARNATION_MARK
     used = 0
@@ -156,6 +154,7 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
     if resolved_config is None:
         resolved_config = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
     tracker = start_tracker(cfg, run_dir, resolved_config, group)
+    timeline.mark("tracker")  # (the tracker's clock, the metrics' wall_time, starts here)
     wandb_mode = tracker.wandb.mode if tracker.wandb else "disabled"
     base = {"algo": cfg.algo.name, "actors": cfg.actors, "seed": cfg.seed, "runner": cfg.runner.name.value,
             "env_id": cfg.env.id, "total_env_steps": cfg.total_env_steps, "resumed_from": cfg.resume,
@@ -199,6 +198,7 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
         })
         if error:
             summary["error"] = error
+        summary["startup"] = timeline.startup()
         for key in ("transport", "chaos", "actor_restarts"):
             if key in result:
                 summary[key] = result[key]

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, Deque, Dict, Iterable, List, Mapping, Optional
 
 import numpy as np
-import pandas as pd
 
 from .actor import ActorStats, Episode
 from .config import TrackingConfig
@@ -68,6 +67,8 @@ def _jsonable(x: Any) -> Any:
 
 
 def _write_parquet(rows: List[Dict[str, Any]], path: Path) -> None:
+    import pandas as pd  # (not on the start-up path: the first write comes after the first updates)
+
     tmp = path.with_suffix(".tmp.parquet")
     pd.DataFrame(rows).to_parquet(tmp, index=False)
     os.replace(tmp, path)
@@ -93,30 +94,72 @@ def resolve_wandb_mode(mode: str) -> str:
 
 
 class WandbSink:
+    """One W&B run. ``background``: ``wandb.init`` runs in a thread while the run starts (an offline init takes
+    1-2 s of W&B's own start-up, which no run needs to wait for); rows logged before it is up wait in memory and
+    go first. An offline init that fails in the background costs W&B only: the run goes on (its metrics are in
+    the run dir) and ``describe()`` says why. Online inits stay in the foreground: a failure there is a config
+    error before anything starts."""
+
     def __init__(self, cfg: TrackingConfig, run_dir: Path, config: Dict[str, Any], job_type: str,
-                 group: Optional[str]):
+                 group: Optional[str], background: bool = False):
+        self.cfg = cfg
+        self.mode = resolve_wandb_mode(cfg.wandb.mode)
+        self.run: Any = None
+        self.error: Optional[str] = None
+        self._pending: List[tuple] = []  # (row, hists) logged before the run was up
+        self._ready = threading.Event()
+        w = cfg.wandb
+        self._kwargs = dict(project=w.project, entity=w.entity, group=w.group or group, name=w.name,
+                            tags=list(w.tags) or None, job_type=job_type, config=config, dir=str(run_dir),
+                            reinit="finish_previous")
+        if background and self.mode == "offline":
+            threading.Thread(target=self._start_in_background, name="laglab-wandb-init", daemon=True).start()
+        else:
+            try:
+                self._start()
+            finally:
+                self._ready.set()
+
+    def _start(self) -> None:
         import wandb
 
         self.wandb = wandb
-        self.mode = resolve_wandb_mode(cfg.wandb.mode)
-        w = cfg.wandb
-        kwargs = dict(project=w.project, entity=w.entity, group=w.group or group, name=w.name,
-                      tags=list(w.tags) or None, job_type=job_type, config=config, dir=str(run_dir),
-                      reinit="finish_previous",
-                      settings=wandb.Settings(init_timeout=w.init_timeout_s, silent=True))
+        settings = wandb.Settings(init_timeout=self.cfg.wandb.init_timeout_s, silent=True)
         try:
-            self.run = wandb.init(mode=self.mode, **kwargs)
+            self.run = wandb.init(mode=self.mode, settings=settings, **self._kwargs)
         except Exception as e:  # noqa: BLE001 - no network / bad credentials must not cost the run
-            if cfg.wandb.mode != "auto" or self.mode == "offline":
+            if self.cfg.wandb.mode != "auto" or self.mode == "offline":
                 raise
             log.warning("W&B online init failed (%s); logging offline instead", e)
             self.mode = "offline"
-            self.run = wandb.init(mode="offline", **kwargs)
+            self.run = wandb.init(mode="offline", settings=settings, **self._kwargs)
         self.run.define_metric("env_steps")
         self.run.define_metric("*", step_metric="env_steps")
+        if self.mode == "offline":
+            why = " (auto: no W&B credentials configured)" if self.cfg.wandb.mode == "auto" else ""
+            log.info("laglab: W&B is offline%s; upload this run later with: wandb sync %s", why,
+                     Path(self.run.dir).parent)
+
+    def _start_in_background(self) -> None:
+        try:
+            self._start()
+        except BaseException as e:  # noqa: BLE001 - W&B's own errors have no common base class
+            self.run = None
+            self.error = f"{type(e).__name__}: {e}".strip().splitlines()[0]
+            log.warning("laglab: W&B did not start (%s); the run goes on without it (its metrics are in %s)",
+                        self.error, self._kwargs["dir"])
+        finally:
+            self._ready.set()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Until the W&B run is up (or failed to start); False if ``timeout`` passed first."""
+        return self._ready.wait(timeout)
 
     def describe(self) -> Dict[str, Any]:
-        """Where the W&B run is: mode, files dir, id, the dir ``wandb sync`` takes, and the URL when online."""
+        """Where the W&B run is: mode, files dir, id, the dir ``wandb sync`` takes, and the URL when online (or,
+        when it did not start, why)."""
+        if self.run is None:
+            return {"mode": self.mode, "error": self.error or "W&B did not start"}
         files = Path(self.run.dir)
         out = {"mode": self.mode, "dir": str(files), "id": self.run.id,
                "run_path": str(files.parent if files.name == "files" else files)}
@@ -125,6 +168,21 @@ class WandbSink:
         return out
 
     def log(self, row: Mapping[str, Any], hists: Mapping[str, np.ndarray]) -> None:
+        if not self._ready.is_set():  # W&B is still starting: keep the row (the hists are the caller's arrays)
+            self._pending.append((dict(row), {k: np.array(v, copy=True) for k, v in hists.items()}))
+            return
+        self._drain()
+        self._log(row, hists)
+
+    def _drain(self) -> None:
+        pending, self._pending = self._pending, []
+        if self.run is not None:
+            for row, hists in pending:
+                self._log(row, hists)
+
+    def _log(self, row: Mapping[str, Any], hists: Mapping[str, np.ndarray]) -> None:
+        if self.run is None:
+            return
         data = dict(row)
         for k, v in hists.items():
             if len(v):
@@ -132,7 +190,16 @@ class WandbSink:
         self.run.log(data)
 
     def finish(self, summary: Dict[str, Any], episodes: List[Dict[str, Any]], exit_code: int) -> None:
+        if not self.wait(self.cfg.wandb.init_timeout_s + 30):
+            log.warning("laglab: W&B has not started after %.0f s; this run's W&B record is incomplete",
+                        self.cfg.wandb.init_timeout_s + 30)
+            return
+        self._drain()
+        if self.run is None:
+            return
         if episodes:
+            import pandas as pd
+
             df = pd.DataFrame(episodes)
             self.run.log({"env_steps": int(df["env_steps"].iloc[-1]),
                           "charts/episodes_table": self.wandb.Table(dataframe=df)})
@@ -149,7 +216,8 @@ ACTOR_FIELDS = ("steps", "episodes", "version", "env_s", "infer_s", "throttle_s"
 
 class Tracker:
     def __init__(self, run_dir: Path, cfg: Optional[TrackingConfig] = None, total_env_steps: Optional[int] = None,
-                 wandb_config: Optional[Dict[str, Any]] = None, job_type: str = "ppo", group: Optional[str] = None):
+                 wandb_config: Optional[Dict[str, Any]] = None, job_type: str = "ppo", group: Optional[str] = None,
+                 wandb_background: bool = False):
         self.cfg = cfg or TrackingConfig()
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -177,7 +245,8 @@ class Tracker:
         self.wandb: Optional[WandbSink] = None
         if self.cfg.wandb.mode != "disabled":
             try:
-                self.wandb = WandbSink(self.cfg, self.run_dir, wandb_config or {}, job_type, group)
+                self.wandb = WandbSink(self.cfg, self.run_dir, wandb_config or {}, job_type, group,
+                                       background=wandb_background)
             except BaseException:
                 if self.progress:
                     self.progress.close()
@@ -309,6 +378,8 @@ class Tracker:
             self.progress = None
         self.flush()
         if not self.rows:  # an empty but readable table, so no run leaves a dir without metrics
+            import pandas as pd
+
             pd.DataFrame({"update": [], "env_steps": [], "wall_time": []}).to_parquet(
                 self.run_dir / "metrics.parquet", index=False)
         with self._lock:

@@ -10,3 +10,36 @@ from ..config import RunnerKind
 
 def get(kind: RunnerKind) -> Callable[..., Dict[str, Any]]:
     return importlib.import_module(f"{__name__}.{RunnerKind(kind).value}").run
+
+
+# what the process runner's fork server imports once, so that each actor start is a fork (see process.run)
+FORKSERVER_PRELOAD = ["laglab.runners.forkserver_life", "laglab.runners.process_actor"]
+
+
+def warm_up(runner: Any) -> None:
+    """Start what the runner's actors start from before the learner imports torch, so the two overlap on two
+    cores: under ``runner=process start_method=forkserver`` the fork server, importing the actor side (numpy,
+    gymnasium, no torch) while this process imports torch. Harmless to call twice; a no-op for other runners.
+
+    The server imports laglab from where this process did: Python 3.11's fork server ignores the parent's
+    ``sys.path``, so without ``PYTHONPATH`` it would take whichever laglab the environment has installed (another
+    checkout's, under an editable install) and its actors would run other code than the learner."""
+    if RunnerKind(runner.name) != RunnerKind.process or runner.start_method != "forkserver":
+        return
+    import multiprocessing as mp
+    import os
+    from multiprocessing import forkserver
+
+    import laglab
+
+    mp.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
+    root = os.path.dirname(os.path.abspath(list(laglab.__path__)[0]))
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = root + (os.pathsep + old if old else "")
+    try:
+        forkserver.ensure_running()
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old

@@ -10,12 +10,14 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
+from .. import timeline
 from ..accounting import Balance, Budget, Ledger, merged
 from ..actor import ActorStats
 from ..admission import Admission
 from ..config import Config
 from ..fragment import Fragment
-from ..learner import Learner, batch_fragments, lag_ok
+from ..config import batch_fragments
+from ..learner import Learner, lag_ok
 from ..policy import Snapshot
 from ..tagged import TAGGED_ID
 from ..tracking import Tracker
@@ -66,6 +68,7 @@ class LearnerDriver:
 
     def offer(self, frag: Fragment, first: Optional[bool], age_s: float = 0.0) -> Optional[Dict[str, float]]:
         """Hand one arrived fragment to the learner; returns the update's metrics row when it completed a batch."""
+        timeline.mark("first_fragment")
         reason = self.admission.admit(frag, first, self.learner.version)
         if reason not in (None, "charged"):
             return None  # refused (counted by admission) or an ignored duplicate
@@ -125,6 +128,7 @@ class LearnerDriver:
         wait = t0 - self._t_last
         lags = self.learner.version - np.array([f.id.behavior_version for f in frags])
         m = self.learner.update(frags, progress, audit=self.tagged)
+        timeline.mark("first_update")
         self.misattributed += int(m.pop("transport/audit_misattributed", 0))
         compute = time.perf_counter() - t0
         self.wait_s += wait

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import platform as stdlib_platform
-import shutil
 import signal
 import threading
 import time
@@ -26,7 +24,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from .. import wire
+from .. import timeline, wire
 from ..accounting import Budget, Ledger
 from ..actor import ActorStats, Episode, steps_per_rollout
 from ..admission import Admission
@@ -34,58 +32,20 @@ from ..chaos import CORRUPTIONS, ChaosCounts
 from ..config import Config, ConfigError
 from ..envs import EnvSpec
 from ..inference import SnapshotCodec
-from ..learner import Learner, batch_fragments
+from ..learner import Learner
 from ..lifetime import Bell, Lifeline
 from ..policy import Snapshot
 from ..shm import FragmentLayout, RunLife, SeqBlock, SharedCounter, SlotPool, StatusBlock, new_token, segment_name
 from ..tracking import Tracker
 from ..transport import FragmentQueue
 from . import process_actor
+from . import warm_up
 from .driver import LearnerDriver, serve
+from .slots import TSO_MACHINES, check_fits, slots_per_actor  # noqa: F401 - TSO_MACHINES: API
 from .endpoint import arrive_at_queue
 from .supervisor import ActorFailed, RestartIntensity, stop_requested
 
 __all__ = ["run", "ActorFailed", "slots_per_actor", "check_fits"]
-
-# Architectures whose hardware keeps stores in order as other cores see them (total store order). The seqlock and
-# the slot hand-off rely on it: numpy offers no memory barriers.
-TSO_MACHINES = ("x86_64", "amd64")  # (32-bit x86 is TSO too, but an int64 store is not one instruction there)
-
-
-def slots_per_actor(cfg: Config) -> int:
-    """Slots in each actor's partition: ``runner.slots_per_actor``, or (0 = auto) two rollouts' worth and at
-    least an equal share of two batches."""
-    if cfg.runner.slots_per_actor > 0:
-        return cfg.runner.slots_per_actor
-    E = cfg.actor.envs_per_actor
-    return max(2 * E, -(-2 * batch_fragments(cfg) // cfg.actors))
-
-
-def check_fits(cfg: Config, spec: EnvSpec) -> None:
-    """Refuse, before any process starts, a machine whose memory ordering the shared-memory protocol does not
-    support, and a slot pool that cannot work or does not fit in /dev/shm."""
-    machine = stdlib_platform.machine()
-    if machine.lower() not in TSO_MACHINES:
-        raise ConfigError(f"invalid config: runner=process; allowed on x86-64 only (this machine is {machine}): its "
-                          "shared-memory seqlock relies on x86's store ordering. Use runner=thread or runner=ray")
-    per = slots_per_actor(cfg)
-    E = cfg.actor.envs_per_actor
-    if per < E:
-        raise ConfigError(f"invalid config: runner.slots_per_actor={per}; allowed: 0 (auto) or >= "
-                          f"actor.envs_per_actor ({E}): an actor must be able to hold one rollout in its slots")
-    if per * cfg.actors < batch_fragments(cfg):
-        raise ConfigError(f"invalid config: runner.slots_per_actor={per}; allowed: 0 (auto) or >= "
-                          f"{-(-batch_fragments(cfg) // cfg.actors)}: the slot pool ({per * cfg.actors} fragments) "
-                          f"must hold at least one batch ({batch_fragments(cfg)} fragments)")
-    need = per * cfg.actors * FragmentLayout(spec, cfg.actor.rollout_len).slot_bytes
-    try:
-        free = shutil.disk_usage("/dev/shm").free
-    except OSError:
-        free = None
-    if free is not None and need > 0.8 * free:
-        raise ConfigError(f"invalid config: runner.slots_per_actor={per}; the slot pool needs {need / 2**20:.0f} MiB "
-                          f"of shared memory and /dev/shm has {free / 2**20:.0f} MiB free (allowed: at most 80%)")
-
 
 class _Child:
     """One life of an actor slot as the learner sees it."""
@@ -118,8 +78,8 @@ class _Slot:
 def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: Budget, run_dir) -> Dict[str, Any]:
     check_fits(cfg, spec)
     ctx = mp.get_context(cfg.runner.start_method)
-    if cfg.runner.start_method == "forkserver":  # the server imports the actor side once; each start is a fork
-        ctx.set_forkserver_preload(["laglab.runners.forkserver_life", "laglab.runners.process_actor"])
+    warm_up(cfg.runner)  # forkserver: the server imports the actor side once (each start is a fork); train.py
+    # started it before importing torch
     token = new_token()
     names = process_actor.Names(*(segment_name(token, w) for w in ("slots", "snapshot", "credits", "status",
                                                                        "budget")))
@@ -233,6 +193,7 @@ class _Runner:
                             loads=int(r["loads"]), snapshot_s=r["snapshot_s"])
             s.stats = st
             out[s.actor_id] = st
+            timeline.mark_min("first_env_step", r["first_step"])
         return out
 
     # ---- children ---------------------------------------------------------------------------------------------
@@ -447,6 +408,7 @@ class _Runner:
         receiver.start()
         for slot in self.slots:
             self.start(slot)
+        timeline.mark("actors_started")
         try:
             serve(self.queue, self.driver, self.supervise, self.grant, self.cfg)
         except BaseException as e:

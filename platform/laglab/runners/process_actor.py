@@ -144,7 +144,8 @@ class _Loop:
         row = dict(steps=st.steps, rollouts=st.rollouts, episodes=st.episodes, env_s=st.env_s, infer_s=st.infer_s,
                    throttle_s=st.throttle_s, blocked_s=st.blocked_s, version=st.version, loads=st.loads,
                    snapshot_s=self.snapshot_s, duplicated=c.duplicated, reordered=c.reordered, delayed=c.delayed,
-                   dropped_steps=c.dropped_steps, kills=c.kills, hangs=c.hangs)
+                   dropped_steps=c.dropped_steps, kills=c.kills, hangs=c.hangs,
+                   first_step=self.actor.first_step_t or 0.0)
         for k in CORRUPTIONS:
             row[f"corrupted_{k}"] = c.corrupted.get(k, 0)
             row[f"corrupted_steps_{k}"] = c.corrupted_steps.get(k, 0)

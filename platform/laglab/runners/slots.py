@@ -1,0 +1,50 @@
+"""How many shared-memory fragment slots a ``runner=process`` run gives each actor, and whether the pool can
+work and fits on this machine. Light on purpose (no torch): the command line's checks run it before anything
+heavy is imported."""
+from __future__ import annotations
+
+import platform as stdlib_platform
+import shutil
+
+from ..config import Config, ConfigError, batch_fragments
+from ..envs import EnvSpec
+from ..shm import FragmentLayout
+
+# Architectures whose hardware keeps stores in order as other cores see them (total store order). The seqlock and
+# the slot hand-off rely on it: numpy offers no memory barriers.
+TSO_MACHINES = ("x86_64", "amd64")  # (32-bit x86 is TSO too, but an int64 store is not one instruction there)
+
+
+def slots_per_actor(cfg: Config) -> int:
+    """Slots in each actor's partition: ``runner.slots_per_actor``, or (0 = auto) two rollouts' worth and at
+    least an equal share of two batches."""
+    if cfg.runner.slots_per_actor > 0:
+        return cfg.runner.slots_per_actor
+    E = cfg.actor.envs_per_actor
+    return max(2 * E, -(-2 * batch_fragments(cfg) // cfg.actors))
+
+
+def check_fits(cfg: Config, spec: EnvSpec) -> None:
+    """Refuse, before any process starts, a machine whose memory ordering the shared-memory protocol does not
+    support, and a slot pool that cannot work or does not fit in /dev/shm."""
+    machine = stdlib_platform.machine()
+    if machine.lower() not in TSO_MACHINES:
+        raise ConfigError(f"invalid config: runner=process; allowed on x86-64 only (this machine is {machine}): its "
+                          "shared-memory seqlock relies on x86's store ordering. Use runner=thread or runner=ray")
+    per = slots_per_actor(cfg)
+    E = cfg.actor.envs_per_actor
+    if per < E:
+        raise ConfigError(f"invalid config: runner.slots_per_actor={per}; allowed: 0 (auto) or >= "
+                          f"actor.envs_per_actor ({E}): an actor must be able to hold one rollout in its slots")
+    if per * cfg.actors < batch_fragments(cfg):
+        raise ConfigError(f"invalid config: runner.slots_per_actor={per}; allowed: 0 (auto) or >= "
+                          f"{-(-batch_fragments(cfg) // cfg.actors)}: the slot pool ({per * cfg.actors} fragments) "
+                          f"must hold at least one batch ({batch_fragments(cfg)} fragments)")
+    need = per * cfg.actors * FragmentLayout(spec, cfg.actor.rollout_len).slot_bytes
+    try:
+        free = shutil.disk_usage("/dev/shm").free
+    except OSError:
+        free = None
+    if free is not None and need > 0.8 * free:
+        raise ConfigError(f"invalid config: runner.slots_per_actor={per}; the slot pool needs {need / 2**20:.0f} MiB "
+                          f"of shared memory and /dev/shm has {free / 2**20:.0f} MiB free (allowed: at most 80%)")

@@ -1,0 +1,62 @@
+"""Start-up milestones of a run: when the process started, when its config was composed, when the learner was
+built, when the actors were started, took their first env step, delivered their first fragment, and when the
+first update ended. Times are on the host's monotonic clock, which every process on the host shares, so an
+actor process's first env step lands on the learner's timeline. ``summary.json`` keeps them as seconds since the
+process started (``startup``); ``benchmarks/startup.py`` prints the breakdown.
+
+A mark is kept once: the first time a milestone is reached (``mark``), or the earliest of several actors'
+(``mark_min``)."""
+from __future__ import annotations
+
+import os
+import time
+from typing import Dict, Optional
+
+ORDER = ("interpreter", "config", "imports", "learner", "tracker", "actors_started", "first_env_step",
+         "first_fragment", "first_update")
+_marks: Dict[str, float] = {}
+
+
+def process_start() -> Optional[float]:
+    """When this process was created, on the monotonic clock (from ``/proc/self/stat``, 10 ms resolution);
+    None where /proc or CLOCK_BOOTTIME is missing."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: start time in clock ticks since boot
+        boot_now, mono_now = time.clock_gettime(time.CLOCK_BOOTTIME), time.monotonic()
+        return mono_now - (boot_now - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def mark(name: str, t: Optional[float] = None) -> None:
+    """Record milestone ``name`` now (or at monotonic time ``t``) unless it was recorded before."""
+    _marks.setdefault(name, time.monotonic() if t is None else t)
+
+
+def mark_min(name: str, t: float) -> None:
+    """Record milestone ``name`` at ``t`` if that is earlier than what is recorded (the first of several actors)."""
+    if t > 0 and t < _marks.get(name, float("inf")):
+        _marks[name] = t
+
+
+def get(name: str) -> Optional[float]:
+    return _marks.get(name)
+
+
+def reset() -> None:
+    """Forget every mark (each job of a sweep in one process has its own start-up)."""
+    _marks.clear()
+
+
+def startup() -> Dict[str, object]:
+    """The milestones as seconds since the process started (or, without /proc, since the first mark), in the
+    order a run reaches them, plus ``origin_monotonic``: the monotonic time they count from."""
+    start = _marks.get("process_start") or process_start()
+    if start is None:
+        start = min(_marks.values(), default=time.monotonic())
+    out: Dict[str, object] = {"origin_monotonic": round(start, 4)}
+    for name in ORDER:
+        if name in _marks:
+            out[name] = round(_marks[name] - start, 4)
+    return out
