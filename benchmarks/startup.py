@@ -51,12 +51,13 @@ def timed(cmd: List[str]) -> float:
     return time.monotonic() - t0
 
 
-def one_run(variant: str, seed: int, budget: int, out: Path) -> Dict[str, Optional[float]]:
+def one_run(variant: str, seed: int, budget: int, out: Path, root: Path = ROOT) -> Dict[str, Optional[float]]:
     run_dir = out / f"{len(list(out.iterdir()))}"
-    cmd = [sys.executable, str(ROOT / "train.py"), f"seed={seed}", f"total_env_steps={budget}",
+    cmd = [sys.executable, str(root / "train.py"), f"seed={seed}", f"total_env_steps={budget}",
            "tracking.console_every_s=1e9", f"hydra.run.dir={run_dir}", *shlex.split(variant if variant != "default" else "")]
     t0 = time.monotonic()
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    env = dict(os.environ, PYTHONPATH=str(root / "platform"))  # (that checkout's laglab, wherever it is installed)
+    p = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env)
     end = time.monotonic() - t0
     if p.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-2000:]}")
@@ -90,7 +91,12 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=["default"],
                     help="train.py overrides per variant, each one quoted string ('default': none)")
     ap.add_argument("--budget", type=int, default=200_000, help="total_env_steps of each run")
+    ap.add_argument("--checkout", type=Path, action="append", default=[],
+                    help="also run each variant from this checkout of laglab (e.g. a git worktree of an older commit), "
+                         "interleaved with this one; a checkout that records no milestones shows only its exit time")
     args = ap.parse_args()
+    if args.checkout:
+        args.variants = [f"{v} @{c}" for v in args.variants for c in [ROOT, *args.checkout]]
     load0 = os.getloadavg()[0]
     out = Path(tempfile.mkdtemp(prefix="laglab-startup-"))
     rows: Dict[str, List[Dict[str, Optional[float]]]] = {v: [] for v in args.variants}
@@ -100,7 +106,8 @@ def main() -> None:
         fixed["train.py --help"].append(timed([sys.executable, str(ROOT / "train.py"), "--help"]))
         fixed["train.py actors=0 (config error)"].append(timed([sys.executable, str(ROOT / "train.py"), "actors=0"]))
         for v in args.variants:
-            rows[v].append(one_run(v, r, args.budget, out))
+            name, _, root = v.partition(" @")
+            rows[v].append(one_run(name, r, args.budget, out, Path(root) if root else ROOT))
             print(f"repeat {r} {v}: first env step {rows[v][-1]['first_env_step']}, 475 at {rows[v][-1]['return_475']}",
                   file=sys.stderr, flush=True)
     load1 = os.getloadavg()[0]

@@ -259,7 +259,7 @@ def test_process_runner_is_refused_where_stores_are_not_kept_in_order(monkeypatc
 
     from laglab.config import ConfigError
     from laglab.run import env_spec
-    from laglab.runners.process import check_fits
+    from laglab.runners.slots import check_fits
     cfg = pcfg()
     check_fits(cfg, env_spec(cfg))
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from laglab.optim import Adam
+from laglab.optim import Adam, clip_grad_norm
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = [(5, 3), (3,), (1, 7), ()]
@@ -81,6 +81,21 @@ def test_adam_is_torch_optim_adam_bit_for_bit(fused):
     b = _run(Adam(ours, lr=1e-3, eps=1e-5, fused=fused), ours, grads, lrs, skip)
     for x, y in zip(a, b):
         assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 1e3])  # (clipping, and a norm below the bound: no change)
+def test_clip_grad_norm_is_torchs_bit_for_bit_and_clips_to_the_bound(max_norm):
+    ours, theirs = _params(), _params()
+    for a, b, g in zip(ours, theirs, _grads(1)[0]):
+        a.grad = torch.from_numpy(g.copy())
+        b.grad = torch.from_numpy(g.copy())
+    before = float(np.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in _grads(1)[0])))
+    n1 = clip_grad_norm(ours, max_norm)
+    n2 = torch.nn.utils.clip_grad_norm_(theirs, max_norm)
+    assert torch.equal(n1, n2) and float(n1) == pytest.approx(before, rel=1e-6)
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(ours, theirs))
+    after = float(np.sqrt(sum(float((a.grad.double() ** 2).sum()) for a in ours)))
+    assert after == pytest.approx(min(before, max_norm), rel=1e-5)
 
 
 def test_state_dicts_cross_between_torch_and_laglab():

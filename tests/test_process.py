@@ -179,7 +179,7 @@ def test_throttle_and_lag_filter_work_across_processes(tmp_path):
 
 # ---- refused before anything starts ----------------------------------------------------------------------
 def test_a_slot_pool_that_cannot_work_is_refused_naming_the_key(tmp_path):
-    from laglab.runners.process import check_fits
+    from laglab.runners.slots import check_fits
 
     for over, needle in [({"slots_per_actor": 2}, "envs_per_actor"), ({"slots_per_actor": 4}, "one batch"),
                          ({"slots_per_actor": 10**9}, "/dev/shm")]:

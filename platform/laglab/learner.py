@@ -20,11 +20,10 @@ from typing import Any, Dict, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
-from torch import nn
 
 from . import algo
-from .config import Config, ConfigError, Estimator, LossKind, batch_fragments  # noqa: F401 - batch_fragments: API
-from .optim import Adam
+from .config import Config, ConfigError, Estimator, LossKind
+from .optim import Adam, clip_grad_norm
 from .envs import EnvSpec, RunningMeanStd, normalize
 from .fragment import Fragment, chain_depths, successors
 from .policy import ActorCritic, Snapshot
@@ -303,7 +302,7 @@ class Learner:
                 loss = info.loss - loss_cfg.ent_coef * ent_m + loss_cfg.vf_coef * v_loss
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
-                nn.utils.clip_grad_norm_(self.params, loss_cfg.max_grad_norm)
+                clip_grad_norm(self.params, loss_cfg.max_grad_norm)
                 self.opt.step()
                 with torch.no_grad():  # how far this update moved the policy (staleness is lag/kl_behavior)
                     kl = float(algo.approx_kl_k3(logp, b_start[idx]))

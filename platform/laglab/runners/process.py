@@ -29,7 +29,7 @@ from ..accounting import Budget, Ledger
 from ..actor import ActorStats, Episode, steps_per_rollout
 from ..admission import Admission
 from ..chaos import CORRUPTIONS, ChaosCounts
-from ..config import Config, ConfigError
+from ..config import Config
 from ..envs import EnvSpec
 from ..inference import SnapshotCodec
 from ..learner import Learner
@@ -41,7 +41,7 @@ from ..transport import FragmentQueue
 from . import process_actor
 from . import warm_up
 from .driver import LearnerDriver, serve
-from .slots import TSO_MACHINES, check_fits, slots_per_actor  # noqa: F401 - TSO_MACHINES: API
+from .slots import check_fits, slots_per_actor
 from .endpoint import arrive_at_queue
 from .supervisor import ActorFailed, RestartIntensity, stop_requested
 
