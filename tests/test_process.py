@@ -280,7 +280,11 @@ def test_no_shared_memory_or_process_is_left_behind(tmp_path, how, start_method)
         if how != "completed":
             _wait_for_metrics(p, tmp_path)
             kids = _pids_of_children(p.pid)
-            assert len(_actors(kids)) == 4, kids  # 4 actors (+ the resource tracker, the fork server)
+            actors = _actors(kids)
+            assert len(actors) == 4, kids  # 4 actors (+ the resource tracker, the fork server)
+            for a in actors:  # one BLAS thread, also when forked from a server started before the run
+                assert b"OMP_NUM_THREADS=1\0" in Path(f"/proc/{a}/environ").read_bytes()
+                assert len(os.listdir(f"/proc/{a}/task")) == 1, os.listdir(f"/proc/{a}/task")
             assert leftover_segments(p.pid)  # the run's segments exist while it runs
             if how == "sigterm":
                 p.send_signal(signal.SIGTERM)

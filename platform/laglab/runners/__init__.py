@@ -12,6 +12,10 @@ def get(kind: RunnerKind) -> Callable[..., Dict[str, Any]]:
     return importlib.import_module(f"{__name__}.{RunnerKind(kind).value}").run
 
 
+# the environment an actor process starts with: one BLAS thread (spawned children get it at their start, the
+# fork server at its own, so everything it forks has it)
+ACTOR_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
 # what the process runner's fork server imports once, so that each actor start is a fork (see process.run)
 FORKSERVER_PRELOAD = ["laglab.runners.forkserver_life", "laglab.runners.process_actor"]
 
@@ -23,7 +27,8 @@ def warm_up(runner: Any) -> None:
 
     The server imports laglab from where this process did: Python 3.11's fork server ignores the parent's
     ``sys.path``, so without ``PYTHONPATH`` it would take whichever laglab the environment has installed (another
-    checkout's, under an editable install) and its actors would run other code than the learner."""
+    checkout's, under an editable install) and its actors would run other code than the learner. It starts with
+    :data:`ACTOR_ENV`: what it forks keeps the server's environment, not the learner's at that moment."""
     if RunnerKind(runner.name) != RunnerKind.process or runner.start_method != "forkserver":
         return
     import multiprocessing as mp
@@ -34,12 +39,14 @@ def warm_up(runner: Any) -> None:
 
     mp.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
     root = os.path.dirname(os.path.abspath(list(laglab.__path__)[0]))
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = root + (os.pathsep + old if old else "")
+    path = os.environ.get("PYTHONPATH")
+    saved = {v: os.environ.get(v) for v in ("PYTHONPATH", *ACTOR_ENV)}
+    os.environ.update(ACTOR_ENV, PYTHONPATH=root + (os.pathsep + path if path else ""))
     try:
         forkserver.ensure_running()
     finally:
-        if old is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old
+        for v, old in saved.items():
+            if old is None:
+                os.environ.pop(v, None)
+            else:
+                os.environ[v] = old

@@ -30,6 +30,7 @@ from ..actor import ActorStats, Episode, steps_per_rollout
 from ..admission import Admission
 from ..chaos import CORRUPTIONS, ChaosCounts
 from ..config import Config
+from ..console import LOG_FILE_ENV
 from ..envs import EnvSpec
 from ..inference import SnapshotCodec
 from ..learner import Learner
@@ -39,7 +40,7 @@ from ..shm import FragmentLayout, RunLife, SeqBlock, SharedCounter, SlotPool, St
 from ..tracking import Tracker
 from ..transport import FragmentQueue
 from . import process_actor
-from . import warm_up
+from . import ACTOR_ENV, warm_up
 from .driver import LearnerDriver, serve
 from .slots import check_fits, slots_per_actor
 from .endpoint import arrive_at_queue
@@ -204,16 +205,17 @@ class _Runner:
         bell = Bell(self.ctx)
         proc = self.ctx.Process(target=process_actor.main, name=f"laglab-actor-{slot.actor_id}",
                                 args=(self.cfg, slot.actor_id, inc, self.names, self.shapes, self.spec.obs_shape,
-                                      self.per, w, bell.wait_end, self.lifeline.child_end, self.log_path),
+                                      self.per, w, bell.wait_end, self.lifeline.child_end, self.log_path,
+                                      os.environ.get(LOG_FILE_ENV)),
                                 daemon=True)
-        saved = {v: os.environ.get(v) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+        saved = {v: os.environ.get(v) for v in ACTOR_ENV}  # (spawn; a fork server got them when it started)
         # Ctrl-C and SIGTERM reach the whole process group, also a child that is still importing, before it can
         # ignore them (a KeyboardInterrupt traceback on the user's terminal): it starts with both blocked (the
         # mask survives fork and exec) and unblocks them once it handles them itself. Blocked, not ignored: a
         # signal for the learner in this window waits instead of being lost.
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
-            os.environ.update({v: "1" for v in saved})  # one BLAS thread in the child
+            os.environ.update(ACTOR_ENV)  # one BLAS thread in the child
             proc.start()
         except BaseException:
             r.close()
