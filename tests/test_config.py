@@ -123,6 +123,9 @@ def test_train_py_refuses_bad_overrides_before_starting(args, needle):
     (["tracking.wandb.mode=onlin"], "tracking.wandb.mode='onlin'; allowed: online | offline | disabled | auto"),
     (["-m", "seed=0,1", "actors=0,2"], "job #0 (seed=0 actors=0): invalid config: actors=0; allowed: an integer >= 1 "
                                        "(2 of 4 jobs fail; nothing was started)"),
+    # a sweep by hydra.mode instead of -m (Hydra runs it as one): its jobs are checked as a sweep's
+    (["hydra.mode=MULTIRUN", "seed=0,1", "actors=0"], "job #0 (seed=0): invalid config: actors=0; allowed: an "
+                                                      "integer >= 1 (2 of 2 jobs fail; nothing was started)"),
 ])
 def test_every_bad_override_is_one_laglab_line_exit_2_and_leaves_no_dir(tmp_path, args, line):
     p = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args, f"hydra.run.dir={tmp_path / 'run'}",

@@ -13,16 +13,18 @@ from laglab.optim import Adam, clip_grad_norm
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = [(5, 3), (3,), (1, 7), ()]
+LARGE = [(64, 64), (64,), (300, 17), (6,)]  # (on tiny tensors torch's fused and multi-tensor arithmetic agree bit for
+# bit; on these they do not, so only the same arithmetic passes the bit-for-bit tests)
 
 
-def _params(seed=0):
+def _params(seed=0, shapes=SHAPES):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(s, generator=g, dtype=torch.float32).requires_grad_() for s in SHAPES]
+    return [torch.randn(s, generator=g, dtype=torch.float32).requires_grad_() for s in shapes]
 
 
-def _grads(steps, seed=1):
+def _grads(steps, seed=1, shapes=SHAPES):
     rng = np.random.default_rng(seed)
-    return [[rng.normal(0, 1 + k, s).astype(np.float32) for k, s in enumerate(SHAPES)] for _ in range(steps)]
+    return [[rng.normal(0, 1 + k, s).astype(np.float32) for k, s in enumerate(shapes)] for _ in range(steps)]
 
 
 def _run(opt, params, grads, lrs, skip=()):
@@ -73,14 +75,24 @@ def test_adam_follows_the_papers_algorithm(fused):
 
 @pytest.mark.parametrize("fused", [True, False])
 def test_adam_is_torch_optim_adam_bit_for_bit(fused):
-    grads, lrs, skip = _grads(30), [1e-3] * 15 + [5e-4] * 15, {(2, 0), (7, 2)}
-    theirs = _params()
-    ours = _params()
+    grads, lrs, skip = _grads(30, shapes=LARGE), [1e-3] * 15 + [5e-4] * 15, {(2, 0), (7, 2)}
+    theirs = _params(shapes=LARGE)
+    ours = _params(shapes=LARGE)
     kind = {"fused": True} if fused else {"foreach": True}
     a = _run(torch.optim.Adam(theirs, lr=1e-3, eps=1e-5, **kind), theirs, grads, lrs, skip)
-    b = _run(Adam(ours, lr=1e-3, eps=1e-5, fused=fused), ours, grads, lrs, skip)
+    opt = Adam(ours, lr=1e-3, eps=1e-5, fused=fused)
+    b = _run(opt, ours, grads, lrs, skip)
+    assert opt.fused is fused  # (the kernel ran throughout: no silent fallback)
     for x, y in zip(a, b):
         assert torch.equal(x, y)
+
+
+def test_the_other_arithmetic_differs_so_the_bit_for_bit_test_can_fail():
+    grads, lrs = _grads(10, shapes=LARGE), [1e-3] * 10
+    theirs, ours = _params(shapes=LARGE), _params(shapes=LARGE)
+    a = _run(torch.optim.Adam(theirs, lr=1e-3, eps=1e-5, foreach=True), theirs, grads, lrs)
+    b = _run(Adam(ours, lr=1e-3, eps=1e-5, fused=True), ours, grads, lrs)
+    assert not all(torch.equal(x, y) for x, y in zip(a, b))
 
 
 @pytest.mark.parametrize("max_norm", [0.5, 1e3])  # (clipping, and a norm below the bound: no change)
@@ -101,11 +113,11 @@ def test_clip_grad_norm_is_torchs_bit_for_bit_and_clips_to_the_bound(max_norm):
 def test_state_dicts_cross_between_torch_and_laglab():
     """A checkpoint written with torch.optim.Adam (laglab's earlier learners) resumes in ours, and ours loads in
     torch's: the runs continue exactly as one optimizer would have."""
-    grads, lrs = _grads(20), [1e-3] * 20
-    one = _params()
+    grads, lrs = _grads(20, shapes=LARGE), [1e-3] * 20
+    one = _params(shapes=LARGE)
     whole = _run(torch.optim.Adam(one, lr=1e-3, eps=1e-5, fused=True), one, grads, lrs)
 
-    first = _params()
+    first = _params(shapes=LARGE)
     t_opt = torch.optim.Adam(first, lr=1e-3, eps=1e-5, fused=True)
     _run(t_opt, first, grads[:10], lrs[:10])
     ours = Adam(first, lr=0.5, eps=1e-5)  # (lr from the state dict)
@@ -113,11 +125,12 @@ def test_state_dicts_cross_between_torch_and_laglab():
     resumed = _run(ours, first, grads[10:], lrs[10:])
     assert all(torch.equal(x, y) for x, y in zip(whole, resumed))
 
-    back = _params()
+    back = _params(shapes=LARGE)
     o2 = Adam(back, lr=1e-3, eps=1e-5)
     _run(o2, back, grads[:10], lrs[:10])
     t2 = torch.optim.Adam(back, lr=1e-3, eps=1e-5, fused=True)
     t2.load_state_dict(o2.state_dict())
+    assert t2.param_groups[0]["fused"] is True  # (torch adopts the saved group's arithmetic)
     again = _run(t2, back, grads[10:], lrs[10:])
     assert all(torch.equal(x, y) for x, y in zip(whole, again))
 
@@ -132,8 +145,16 @@ def test_a_state_dict_for_another_model_is_refused():
     for q in p:
         q.grad = torch.ones_like(q)
     wrong.step()
+    for q in o.params:
+        q.grad = torch.ones_like(q)
+    o.step()
+    before = (o.param_groups[0]["lr"], list(o.steps), [m.clone() for m in o.exp_avg])
+    sd = wrong.state_dict()
+    sd["param_groups"][0]["lr"] = 9.0
     with pytest.raises(ValueError, match=r"shape \(5, 4\)"):
-        o.load_state_dict(wrong.state_dict())
+        o.load_state_dict(sd)
+    assert (o.param_groups[0]["lr"], o.steps) == before[:2]  # refused whole: nothing changed
+    assert all(torch.equal(a, b) for a, b in zip(o.exp_avg, before[2]))
 
 
 def test_a_run_never_imports_torch_dynamo(tmp_path):

@@ -156,3 +156,19 @@ def test_best_return_is_never_below_final_when_the_last_episodes_are_the_best(tm
     assert s["best_return_mean"] >= s["final_return_mean"]
     assert s["best_return_mean"] == s["final_return_mean"]
     assert json.loads((tmp_path / "summary.json").read_text())["return_window"] == 4
+
+
+def test_a_run_that_ends_while_wandb_is_still_starting_names_its_wandb_run(tmp_path):
+    """An offline W&B starts in the background; a run that ends before it is up (a short run, an early failure,
+    Ctrl-C) waits for it, so summary.json and the footer still name the run and the rows logged meanwhile."""
+    from laglab.config import TrackingConfig, WandbConfig
+    from laglab.tracking import Tracker
+
+    t = Tracker(tmp_path, TrackingConfig(wandb=WandbConfig(mode="offline"), log_interval_s=0), 100, {}, "ppo",
+                None, wandb_background=True)
+    assert not t.wandb.wait(0)  # still starting: what is logged now waits for it
+    t.log_update({"losses/policy_loss": 0.5}, env_steps=64)
+    s = t.finish({"status": "completed"})
+    assert "error" not in s["wandb"] and Path(s["wandb"]["run_path"]).is_dir(), s["wandb"]
+    rows = [r["history"]["item"] for r in inspect(tmp_path) if r["type"] == "history"]
+    assert any(r.get("losses/policy_loss") == 0.5 and r.get("env_steps") == 64 for r in rows), rows

@@ -68,8 +68,9 @@ class Adam:
                     torch._fused_adam_(ps, gs, m, v, [], steps, lr=lr, beta1=b1, beta2=b2, weight_decay=0.0, eps=eps,
                                        amsgrad=False, maximize=False)
                     continue
-                except (RuntimeError, TypeError, NotImplementedError):  # (a dtype or device it has no kernel for)
-                    self.fused = False
+                except (RuntimeError, NotImplementedError):  # (a dtype or device it has no kernel for; a changed
+                    self.fused = False  # signature is a TypeError and fails loudly)
+                    torch._foreach_sub_(steps, 1)
             torch._foreach_lerp_(m, gs, 1 - b1)
             torch._foreach_mul_(v, b2)
             torch._foreach_addcmul_(v, gs, gs, 1 - b2)
@@ -79,9 +80,13 @@ class Adam:
             torch._foreach_addcdiv_(ps, m, denom, -lr / (1 - b1 ** t))
 
     def state_dict(self) -> Dict[str, Any]:
+        """``torch.optim.Adam``'s layout; ``fused``/``foreach`` say which arithmetic ran, so a torch Adam that
+        loads it continues with the same one."""
         state = {i: {"step": torch.tensor(float(self.steps[i])), "exp_avg": self.exp_avg[i].clone(),
                      "exp_avg_sq": self.exp_avg_sq[i].clone()} for i in range(len(self.params)) if self.steps[i]}
-        return {"state": state, "param_groups": [dict(self.param_groups[0], params=list(range(len(self.params))))]}
+        group = dict(self.param_groups[0], params=list(range(len(self.params))), fused=True if self.fused else None,
+                     foreach=None if self.fused else True)
+        return {"state": state, "param_groups": [group]}
 
     def load_state_dict(self, sd: Dict[str, Any]) -> None:
         """Load a state dict of this class or of ``torch.optim.Adam`` (one group over the same parameters)."""
@@ -92,24 +97,26 @@ class Adam:
         g = groups[0]
         if g.get("amsgrad") or g.get("weight_decay") or g.get("maximize"):
             raise ValueError("optimizer state uses amsgrad, weight decay or maximize, which this Adam does not")
-        self.param_groups[0].update(lr=float(g["lr"]), betas=tuple(float(b) for b in g["betas"]), eps=float(g["eps"]))
         states = sd["state"]
+        for pos, key in enumerate(g["params"]):  # everything is checked before anything changes
+            st = states.get(key)
+            for k in ("exp_avg", "exp_avg_sq"):
+                if st is not None and tuple(st[k].shape) != tuple(self.params[pos].shape):
+                    raise ValueError(f"optimizer state for parameter {pos} has shape {tuple(st[k].shape)}; "
+                                     f"the parameter has {tuple(self.params[pos].shape)}")
+        self.param_groups[0].update(lr=float(g["lr"]), betas=tuple(float(b) for b in g["betas"]), eps=float(g["eps"]))
         for pos, key in enumerate(g["params"]):
             st = states.get(key)
             p = self.params[pos]
             if st is None:
                 self.steps[pos] = 0
-                self.step_t[pos] = torch.zeros((), dtype=torch.float32)
-                self.exp_avg[pos].zero_()
-                self.exp_avg_sq[pos].zero_()
-                continue
-            if tuple(st["exp_avg"].shape) != tuple(p.shape):
-                raise ValueError(f"optimizer state for parameter {pos} has shape {tuple(st['exp_avg'].shape)}; "
-                                 f"the parameter has {tuple(p.shape)}")
-            self.steps[pos] = int(float(st["step"]))
+                self.exp_avg[pos] = torch.zeros_like(p)
+                self.exp_avg_sq[pos] = torch.zeros_like(p)
+            else:
+                self.steps[pos] = int(float(st["step"]))
+                self.exp_avg[pos] = st["exp_avg"].detach().to(p.dtype).clone()
+                self.exp_avg_sq[pos] = st["exp_avg_sq"].detach().to(p.dtype).clone()
             self.step_t[pos] = torch.tensor(float(self.steps[pos]), dtype=torch.float32)
-            self.exp_avg[pos] = st["exp_avg"].detach().to(p.dtype).clone()
-            self.exp_avg_sq[pos] = st["exp_avg_sq"].detach().to(p.dtype).clone()
 
 
 @torch.no_grad()

@@ -160,11 +160,16 @@ class Jobs:
 
         h = self.hydra
         self._single: Optional[DictConfig] = None
-        if not multirun:  # one composition tells the mode and is the job's config (a second one costs ~0.2 s)
-            cfg = self.compose(h.compose_config, self.config_name, self.overrides, run_mode=RunMode.RUN,
-                               with_log_configuration=False)
-            multirun = OmegaConf.select(cfg, "hydra.mode") == RunMode.MULTIRUN
-            self._single = None if multirun else cfg
+        if not multirun:
+            try:  # a valid single run: one composition tells the mode and is the job's config (saves ~0.2 s)
+                cfg = h.compose_config(self.config_name, self.overrides, run_mode=RunMode.RUN,
+                                       with_log_configuration=False)
+                multirun = OmegaConf.select(cfg, "hydra.mode") == RunMode.MULTIRUN
+                self._single = None if multirun else cfg
+            except Exception:  # noqa: BLE001 - anything else (a sweep value with hydra.mode=MULTIRUN, a bad
+                # override) takes the full path, which says it as before
+                mode = self.compose(h.get_mode, config_name=self.config_name, overrides=self.overrides)
+                multirun = mode == RunMode.MULTIRUN
         self.multirun = multirun
         if not multirun:
             return [list(self.overrides)]

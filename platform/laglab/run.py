@@ -131,6 +131,8 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
     """Train once; ``resolved_config`` is what W&B records as the run's config (default: ``cfg``),
     ``group`` the W&B group when the config names none (train.py passes the sweep dir in a multirun)."""
     run_dir = Path(run_dir)
+    timeline.reset(keep=("process_start", "interpreter", "config", "imports"))  # (train.py's; a second run()
+    # in one process starts its own learner, tracker and actors)
     stale = sweep_stale()
     if stale:
         pids = sorted({n.split("-")[1] for n in stale})

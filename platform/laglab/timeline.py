@@ -44,9 +44,10 @@ def get(name: str) -> Optional[float]:
     return _marks.get(name)
 
 
-def reset() -> None:
-    """Forget every mark (each job of a sweep in one process has its own start-up)."""
-    _marks.clear()
+def reset(keep: tuple = ()) -> None:
+    """Forget every mark but those in ``keep`` (each job of a sweep in one process has its own start-up)."""
+    for name in [n for n in _marks if n not in keep]:
+        del _marks[name]
 
 
 def startup() -> Dict[str, object]:

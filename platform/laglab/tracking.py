@@ -187,7 +187,13 @@ class WandbSink:
         for k, v in hists.items():
             if len(v):
                 data[k] = self.wandb.Histogram(np.asarray(v))
-        self.run.log(data)
+        try:
+            self.run.log(data)
+        except Exception as e:  # noqa: BLE001 - W&B failing mid-run costs W&B only (the run dir has every row)
+            self.error = f"{type(e).__name__}: {e}".strip().splitlines()[0]
+            log.warning("laglab: W&B stopped logging (%s); the run goes on (its metrics are in the run dir)",
+                        self.error)
+            self.run = None
 
     def finish(self, summary: Dict[str, Any], episodes: List[Dict[str, Any]], exit_code: int) -> None:
         if not self.wait(self.cfg.wandb.init_timeout_s + 30):
@@ -392,6 +398,7 @@ class Tracker:
         summary["lag"] = self.lag_summary()
         summary["tracking_s"] = self.log_s
         if self.wandb:
+            self.wandb.wait(self.cfg.wandb.init_timeout_s + 30)  # (a short run can end while W&B still starts)
             summary["wandb"] = self.wandb.describe()
         write_json_atomic(self.run_dir / "summary.json", summary)
         if self.wandb:

@@ -33,18 +33,31 @@ def warm_up(runner: Any) -> None:
         return
     import multiprocessing as mp
     import os
+    import signal
     from multiprocessing import forkserver
 
     import laglab
 
     mp.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
+    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    if pid is not None:  # running: nothing to do, and nothing to change in this process's environment (which a
+        try:  # W&B thread may be copying right now)
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    return
+        except OSError:
+            pass
     root = os.path.dirname(os.path.abspath(list(laglab.__path__)[0]))
     path = os.environ.get("PYTHONPATH")
     saved = {v: os.environ.get(v) for v in ("PYTHONPATH", *ACTOR_ENV)}
     os.environ.update(ACTOR_ENV, PYTHONPATH=root + (os.pathsep + path if path else ""))
+    # Ctrl-C or SIGTERM at the whole group while the server starts must not print its traceback: it starts with
+    # both blocked (the mask survives exec) and keeps them blocked (forkserver_life), as do the actors it forks
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         forkserver.ensure_running()
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for v, old in saved.items():
             if old is None:
                 os.environ.pop(v, None)

@@ -30,7 +30,6 @@ from ..actor import ActorStats, Episode, steps_per_rollout
 from ..admission import Admission
 from ..chaos import CORRUPTIONS, ChaosCounts
 from ..config import Config
-from ..console import LOG_FILE_ENV
 from ..envs import EnvSpec
 from ..inference import SnapshotCodec
 from ..learner import Learner
@@ -206,16 +205,20 @@ class _Runner:
         proc = self.ctx.Process(target=process_actor.main, name=f"laglab-actor-{slot.actor_id}",
                                 args=(self.cfg, slot.actor_id, inc, self.names, self.shapes, self.spec.obs_shape,
                                       self.per, w, bell.wait_end, self.lifeline.child_end, self.log_path,
-                                      os.environ.get(LOG_FILE_ENV)),
+                                      {**os.environ, **ACTOR_ENV}),
                                 daemon=True)
-        saved = {v: os.environ.get(v) for v in ACTOR_ENV}  # (spawn; a fork server got them when it started)
+        spawn = self.cfg.runner.start_method == "spawn"  # (a fork server has ACTOR_ENV since its start)
+        saved = {v: os.environ.get(v) for v in ACTOR_ENV} if spawn else {}
         # Ctrl-C and SIGTERM reach the whole process group, also a child that is still importing, before it can
         # ignore them (a KeyboardInterrupt traceback on the user's terminal): it starts with both blocked (the
         # mask survives fork and exec) and unblocks them once it handles them itself. Blocked, not ignored: a
         # signal for the learner in this window waits instead of being lost.
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
-            os.environ.update(ACTOR_ENV)  # one BLAS thread in the child
+            if spawn:
+                os.environ.update(ACTOR_ENV)  # one BLAS thread in the child: it must be there when numpy loads
+            else:
+                warm_up(self.cfg.runner)  # (a server that died mid-run restarts as warm_up starts it)
             proc.start()
         except BaseException:
             r.close()

@@ -18,7 +18,6 @@ from ..chaos import CORRUPTIONS, ChaosChannel
 
 SLOT_CORRUPTIONS = tuple(k for k in CORRUPTIONS if k != "shape")  # a slot has the layout's shapes by construction
 from ..config import Config
-from ..console import LOG_FILE_ENV
 from ..fragment import Fragment
 from ..inference import SnapshotCodec
 from ..lifetime import Bell, Lifeline, die_with_parent, forget_fork_server
@@ -77,7 +76,7 @@ def _redirect_output(log_path: Optional[str]) -> None:
 
 
 def main(cfg: Config, actor_id: int, inc: int, names: Names, shapes, obs_shape, per_actor: int, conn,
-         bell_end, life_end, log_path: Optional[str] = None, run_log: Optional[str] = None) -> None:
+         bell_end, life_end, log_path: Optional[str] = None, environ: Optional[Dict[str, str]] = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the learner's to handle; it stops us
     signal.signal(signal.SIGTERM, lambda *_: _TERM.append(1))  # a group SIGTERM: stop as at shutdown
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})  # (blocked since our start)
@@ -89,8 +88,9 @@ def main(cfg: Config, actor_id: int, inc: int, names: Names, shapes, obs_shape, 
     if lifeline.gone():  # the parent died before we asked
         os._exit(0)
     _redirect_output(log_path)
-    if run_log:  # where third-party noise goes (passed, not inherited: a fork server's environment is older)
-        os.environ[LOG_FILE_ENV] = run_log
+    if environ is not None:  # the learner's environment at our start (a fork server's is as old as the server:
+        os.environ.clear()  # in a sweep, the first job's), e.g. the run's log file for third-party noise
+        os.environ.update(environ)
     if cfg.runner.actor_nice:
         try:
             os.nice(cfg.runner.actor_nice)  # the learner is the bottleneck it must not wait for a core
