@@ -56,9 +56,11 @@ def cores() -> int:
 
 
 def ceiling(sync_sps: float, processes: int) -> float:
-    """The machine's limit for a run of ``processes`` busy processes (actors + learner): each core can do what
-    the synchronous runner does on one core (it steps the envs and learns in one thread), so
-    min(cores, processes) x sync SPS."""
+    """An estimate of the machine's limit for a run of ``processes`` busy processes (actors + learner): each core
+    can do what the synchronous runner does on one core (it steps the envs and learns in one thread), so
+    min(cores, processes) x sync SPS. An upper bound, not a promise: the learner is one serial thread, so a run
+    whose learning alone takes longer than its env stepping cannot reach it; cores are this process's affinity
+    (not the load, not a cgroup's quota), and every SPS includes the run's start-up."""
     return min(cores(), processes) * sync_sps
 
 
