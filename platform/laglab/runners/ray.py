@@ -32,6 +32,7 @@ from ..accounting import Budget, Ledger
 from ..actor import ActorStats, Episode, steps_per_rollout, throttle_state
 from ..admission import Admission
 from ..chaos import ChaosCounts
+from .. import timeline
 from ..config import Config
 from ..envs import EnvSpec
 from ..fragment import FragmentId
@@ -459,6 +460,7 @@ class _Runner:
         self.publish(self.learner.snapshot())
         for slot in self.slots:
             self.start(slot)
+        timeline.mark("actors_started")  # (asked for: Ray starts them in the background)
         receiver = threading.Thread(target=self.receive, name="laglab-ray-receiver", daemon=True)
         receiver.start()
         try:

@@ -18,6 +18,7 @@ from ..accounting import Budget, Ledger
 from ..actor import ActorStats, steps_per_rollout, throttle_state
 from ..admission import Admission
 from ..chaos import ChaosCounts
+from .. import timeline
 from ..config import Config
 from ..envs import EnvSpec
 from ..fragment import Fragment
@@ -166,6 +167,7 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
                            checkpoint_dir=run_dir / "checkpoints")
     for slot in slots:
         start(slot)
+    timeline.mark("actors_started")
     try:
         serve(queue, driver, supervise, store.grant, cfg)
     except BaseException as e:
