@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import tomllib
 from collections import Counter
 from pathlib import Path
@@ -120,7 +121,7 @@ def score_module(name: str, mod: dict, results: List[dict], equivalent: Dict[str
             errors.append(f"{key} [{r['status']}]")
     total = len(killed) + len(equiv) + len(survived) + len(errors)
     denom = total - len(equiv)
-    return {"path": mod["path"], "tests": mod["tests"], "k": mod.get("k", ""), "scope": mod.get("scope", []),
+    return {"run_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "path": mod["path"], "tests": mod["tests"], "k": mod.get("k", ""), "scope": mod.get("scope", []),
             "total": total, "killed": len(killed), "equivalent": len(equiv), "survived": len(survived),
             "errors": len(errors), "score": round(len(killed) / denom, 4) if denom else 1.0,
             "killed_mutants": sorted(killed), "equivalent_mutants": sorted(equiv), "open_survivors": sorted(survived + errors)}
@@ -181,7 +182,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not args.no_write:
         merged = dict(previous["modules"])
         merged.update(rows)
+        from importlib.metadata import version
         SCORE.write_text(json.dumps({"threshold": THRESHOLD, "command": "python tools/mutation.py",
+                                     "tool": f"pytest-gremlins {version('pytest-gremlins')}",
                                      "modules": merged}, indent=1, sort_keys=True) + "\n")
     for f in failures:
         print(f"FAIL {f}")
