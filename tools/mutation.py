@@ -121,10 +121,12 @@ def score_module(name: str, mod: dict, results: List[dict], equivalent: Dict[str
             errors.append(f"{key} [{r['status']}]")
     total = len(killed) + len(equiv) + len(survived) + len(errors)
     denom = total - len(equiv)
-    return {"run_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "path": mod["path"], "tests": mod["tests"], "k": mod.get("k", ""), "scope": mod.get("scope", []),
+    return {"scored_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "path": mod["path"],
+            "tests": mod["tests"], "k": mod.get("k", ""), "scope": mod.get("scope", []),
             "total": total, "killed": len(killed), "equivalent": len(equiv), "survived": len(survived),
             "errors": len(errors), "score": round(len(killed) / denom, 4) if denom else 1.0,
-            "killed_mutants": sorted(killed), "equivalent_mutants": sorted(equiv), "open_survivors": sorted(survived + errors)}
+            "killed_mutants": sorted(killed), "equivalent_mutants": sorted(equiv),
+            "open_survivors": sorted(survived + errors)}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
