@@ -2,7 +2,6 @@
 watermarks, the bounded seen-set, retirement, and the balance identity."""
 from types import SimpleNamespace as NS
 
-
 from laglab.accounting import (DUPLICATE, FIRST, TOO_OLD, UNATTRIBUTED, Balance, Budget, Ledger, counters,
                                merged)
 
