@@ -10,7 +10,7 @@ def test_budget_reserves_whole_rollouts_up_to_the_total_and_takes_releases_back(
     b = Budget(10, used=2)
     assert b.has_room(8) and not b.has_room(9)
     assert b.reserve(8) and b.used == 10
-    assert not b.reserve(1) and b.used == 10  # a refused reservation takes nothing
+    assert b.reserve(1) is False and b.used == 10  # a refused reservation takes nothing
     assert b.has_room(0) and not b.has_room(1)
     b.release(3)
     assert b.used == 7 and b.has_room(3) and not b.has_room(4)
@@ -34,6 +34,8 @@ def test_incarnations_are_numbered_from_one_or_by_the_allocator():
     n = iter([40, 41])
     led = Ledger(4, 2, allocate=lambda: next(n))
     assert led.new_incarnation(1) == 40 and led.owner == {40: 1}
+    led = Ledger(4, 2)
+    assert [led.new_incarnation(0) for _ in range(500)] == list(range(1, 501))  # a long run restarts a lot
 
 
 def test_producer_counts_and_watermarks():
@@ -95,6 +97,14 @@ def test_arrivals_no_stream_sent_are_unattributable():
     assert led.unattributed == 5
 
 
+def test_the_watermark_is_exclusive():
+    led = Ledger(rollout_len=1, envs_per_actor=1)  # one-step fragments: t_end can equal a watermark
+    inc = led.new_incarnation(5)
+    led.sent(inc, 0, 7, 8)  # t 0..7 sent: the watermark is 8
+    assert led.classify(_frag(inc, 0, 7, T=1)) == FIRST
+    assert led.classify(_frag(inc, 0, 8, T=1)) == UNATTRIBUTED
+
+
 def test_loss_is_what_was_sent_and_neither_arrived_nor_is_in_a_link():
     led, inc = _ledger()
     led.sent(inc, 0, 11, 12)  # t 0..11: three fragments sent on env 0
@@ -102,7 +112,7 @@ def test_loss_is_what_was_sent_and_neither_arrived_nor_is_in_a_link():
     led.arrive(_frag(inc, 0, 0), FIRST)
     assert led.gaps() == {(inc, 0): 8, (inc, 1): 4}
     link = [_frag(inc, 0, 4), _frag(inc, 0, 4), _frag(inc, 0, 0)]  # a copy held twice, one already arrived
-    assert led.link_steps(link) == 4
+    assert led.link_steps(link) == 4 and led.link_steps(link[2:]) == 0
     assert led.lost(led.link_steps(link)) == 8
     led.retire(inc)
     assert led.streams == {} and inc not in led.owner and led.retired_gap == 12
