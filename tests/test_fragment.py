@@ -62,6 +62,9 @@ def test_chain_depths_count_the_fragments_that_follow():
     # chains 0 -> 2 -> 3 and 1 alone, 4 -> 1
     succ = np.array([2, -1, 3, -1, 1])
     assert chain_depths(succ).tolist() == [2, 0, 1, 0, 1]
+    # a chain that ends after the last fragment's depth is known still ends at depth 0
+    assert chain_depths(np.array([2, -1, -1])).tolist() == [1, 0, 0]
+    assert chain_depths(np.array([-1, 0, -1])).tolist() == [0, 1, 0]
     four = [_frag(t_start=4 * i) for i in range(4)]
     assert chain_depths(successors(four[::-1])).tolist() == [0, 1, 2, 3]
     assert chain_depths(np.array([], dtype=np.int64)).tolist() == []
