@@ -142,3 +142,13 @@ def test_counters_of_each_outcome():
 def test_claimed_steps_of_a_broken_header_is_zero():
     assert claimed_steps(frag()) == T
     assert claimed_steps(dataclasses.replace(frag(), id=None)) == 0
+
+
+@pytest.mark.parametrize("name,bad", [("rewards", np.ones(T - 1, np.float32)), ("obs", np.zeros((T + 1, 3), np.float32)),
+                                      ("obs", None), ("logp", [0.0] * T), ("values", np.array(0.0, np.float32))])
+def test_an_array_that_is_missing_or_of_another_length_than_the_interval_is_refused_as_length(name, bad):
+    assert check(dataclasses.replace(frag(), **{name: bad})) == "length"
+
+
+def test_a_record_too_broken_to_inspect_is_refused_as_malformed():
+    assert check(dataclasses.replace(frag(), id=None)) == "malformed"
