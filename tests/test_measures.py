@@ -82,3 +82,10 @@ def test_run_measures_without_optional_columns_and_of_an_empty_run():
         assert math.isnan(m[k]), k
     neg = _curve().assign(**{"lag/kl_behavior": [-3e-9] * 4})
     assert run_measures(neg, 50, 50.0)["kl_behavior"] == 0.0
+
+
+def test_auc_at_the_edges_of_its_span():
+    # a point at step 1 is inside the span: (0 + 0) * 1 / 2 + (0 + 10) * 1 / 2, over 2
+    assert auc(np.array([1, 2]), np.array([0.0, 10.0]), 2) == pytest.approx(2.5)
+    assert auc(np.array([0.25]), np.array([4.0]), 0.5) == pytest.approx(4.0)  # a budget below one step is a span
+    assert math.isnan(auc(np.array([1.0]), np.array([4.0]), -0.5))  # a negative budget is none

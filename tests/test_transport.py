@@ -130,7 +130,7 @@ def test_the_queue_counts_what_passes_and_fills_to_exactly_its_bounds():
     assert (q.stats.put_fragments, q.stats.put_steps, q.stats.max_depth, q.stats.max_bytes) == (2, 8, 2, 2 * one)
     assert q.first_steps() == 4
     f, first, age = q.get(0)
-    assert f.id.t_start == 0 and first is True and 0.0 <= age < 60.0
+    assert f.id.t_start == 0 and first is True and 0.0 <= age < 60.0 and q.first_steps() == 0
     f, first, _ = q.get(0)
     assert first is False and q.first_steps() == 0 and q.bytes == 0
     assert (q.stats.got_fragments, q.stats.got_steps) == (2, 8) and q.get(0) is None
@@ -166,4 +166,8 @@ def test_waits_end_at_their_timeout_or_when_stop_says_so():
     q = FragmentQueue(capacity=1, max_bytes=1 << 20)
     q.try_put(frag(0))
     q.wait_room(frag(0).nbytes, timeout=0.01)  # full: waits out the timeout
-    assert q.stats.blocked_s >= 0.01
+    assert 0.01 <= q.stats.blocked_s < 60.0
+    assert q.try_put(frag(1)) is False  # block: no room, says so
+    q.get(0)
+    q.put(frag(2))  # put's fragments are first copies unless told otherwise
+    assert q.first_steps() == 4
