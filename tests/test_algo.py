@@ -193,3 +193,59 @@ def test_k3_is_never_negative_on_float_noise():
     new = old + 1e-7 * torch.randn(10_000, generator=g)  # the same policy up to float noise
     assert float(algo.approx_kl_k3(new, old)) >= 0.0
     assert float(algo.approx_kl_k3(new, old)) < 1e-12
+
+
+@pytest.mark.parametrize("estimator", ["gae", "vtrace"])
+def test_a_carry_continues_the_sequence_as_if_it_were_one(estimator):
+    """Split a rollout in two: the first half with the second's first-step advantage (GAE) or v - V (V-trace)
+    as its carry gives the targets of the unsplit rollout (the references above check the unsplit one)."""
+    r, v, boot, disc = _random_rollout(T=10, N=3)
+    b_logp = torch.tensor(rng.normal(size=r.shape) * 0.5, dtype=torch.float64)
+    t_logp = torch.tensor(rng.normal(size=r.shape) * 0.5, dtype=torch.float64)
+    k = 6
+    if estimator == "gae":
+        whole = algo.gae(r, v, boot, disc, 0.9).numpy()
+        tail = algo.gae(r[k:], v[k:], boot, disc[k:], 0.9)
+        head = algo.gae(r[:k], v[:k], v[k], disc[:k], 0.9, carry=tail[0]).numpy()
+        np.testing.assert_allclose(head, whole[:k], rtol=1e-10, atol=1e-10)
+    else:
+        whole = algo.vtrace(b_logp, t_logp, r, v, boot, disc, 1.5, 0.8, 0.9)
+        tail = algo.vtrace(b_logp[k:], t_logp[k:], r[k:], v[k:], boot, disc[k:], 1.5, 0.8, 0.9)
+        head = algo.vtrace(b_logp[:k], t_logp[:k], r[:k], v[:k], v[k], disc[:k], 1.5, 0.8, 0.9,
+                           carry=tail.vs[0] - v[k])
+        np.testing.assert_allclose(head.vs.numpy(), whole.vs[:k].numpy(), rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(head.advantages.numpy(), whole.advantages[:k].numpy(), rtol=1e-10, atol=1e-10)
+
+
+def test_categorical_logp_and_entropy_match_torch_distributions():
+    logits = torch.tensor(rng.normal(size=(40, 5)) * 2, dtype=torch.float64)
+    actions = torch.tensor(rng.integers(0, 5, size=40))
+    logp, ent = algo.categorical_logp_entropy(logits, actions)
+    ref = torch.distributions.Categorical(logits=logits)
+    np.testing.assert_allclose(logp.numpy(), ref.log_prob(actions).numpy(), rtol=1e-12)
+    np.testing.assert_allclose(ent.numpy(), ref.entropy().numpy(), rtol=1e-12)
+
+
+def test_explained_variance_is_one_minus_the_residual_variance_share():
+    target = torch.tensor([1.0, 2.0, 4.0, 7.0], dtype=torch.float64)
+    pred = torch.tensor([1.5, 2.0, 3.0, 7.5], dtype=torch.float64)
+    resid = (target - pred).numpy()
+    expected = 1.0 - np.var(resid, ddof=1) / np.var(target.numpy(), ddof=1)  # torch.var is the unbiased one
+    assert algo.explained_variance(pred, target) == pytest.approx(expected, rel=1e-12)
+    assert algo.explained_variance(target, target) == 1.0
+    assert math.isnan(algo.explained_variance(pred, torch.full((4,), 3.0, dtype=torch.float64)))
+
+
+def test_a_ratio_exactly_on_a_bound_is_not_counted_as_clipped():
+    """The clip fractions count samples whose objective the bound changes; at exactly 1 +- eps (or r = c for
+    the dual bound) it changes nothing. 1.25, 0.75 and 2.0 are exact in float64 through log and exp."""
+    logp = torch.log(torch.tensor([1.25, 0.75, 1.25, 0.75], dtype=torch.float64))
+    adv = torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=torch.float64)
+    info = algo.ppo_clip_loss(logp, torch.zeros(4, dtype=torch.float64), adv, 0.25)
+    assert float(info.clip_frac) == 0.0
+    assert float(info.loss) == pytest.approx(-(1.25 + 0.75 - 1.25 - 0.75) / 4)
+    logp = torch.log(torch.tensor([2.0, 2.0], dtype=torch.float64))
+    dual = algo.dual_clip_loss(logp, torch.zeros(2, dtype=torch.float64), torch.tensor([-1.0, -3.0],
+                               dtype=torch.float64), 0.2, 2.0)
+    assert float(dual.dual_clip_frac) == 0.0  # r A = c A: the dual bound is reached, not active
+    assert float(dual.clip_frac) == 1.0 and float(dual.loss) == pytest.approx((2.0 + 6.0) / 2)

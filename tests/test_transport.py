@@ -119,3 +119,55 @@ def test_credit_grants_wake_throttled_actors_without_a_new_version():
     assert woke.is_set() and store.credits() == {7: 42} and store.latest().version == 0
     store.publish(Snapshot.make(1, model, np.zeros(3), np.ones(3), {7: 50}))
     assert store.credits() == {7: 50}  # a publication carries its own credits
+
+
+def test_the_queue_counts_what_passes_and_fills_to_exactly_its_bounds():
+    one = frag(0).nbytes
+    q = FragmentQueue(capacity=3, max_bytes=2 * one, policy=Overflow.reject)
+    assert q.try_put(frag(0)) and q.try_put(frag(1), first=False) and q.try_put(frag(2))
+    assert q.depth == 2 and q.bytes == 2 * one  # exactly full in bytes: the third is refused
+    assert q.stats.rejected_steps == {"overflow": 4}
+    assert (q.stats.put_fragments, q.stats.put_steps, q.stats.max_depth, q.stats.max_bytes) == (2, 8, 2, 2 * one)
+    assert q.first_steps() == 4
+    f, first, age = q.get(0)
+    assert f.id.t_start == 0 and first is True and 0.0 <= age < 60.0 and q.first_steps() == 0
+    f, first, _ = q.get(0)
+    assert first is False and q.first_steps() == 0 and q.bytes == 0
+    assert (q.stats.got_fragments, q.stats.got_steps) == (2, 8) and q.get(0) is None
+    by_items = FragmentQueue(capacity=2, max_bytes=10 * one, policy=Overflow.reject)
+    assert by_items.try_put(frag(0)) and by_items.try_put(frag(1)) and by_items.try_put(frag(2))
+    assert by_items.depth == 2 and by_items.stats.rejected_steps == {"overflow": 4}
+    exact = FragmentQueue(capacity=5, max_bytes=one, policy=Overflow.reject)
+    assert exact.try_put(frag(0)) and exact.depth == 1  # a fragment of exactly max_bytes fits
+
+
+def test_evicting_a_duplicate_does_not_change_the_first_copies_in_flight():
+    q = FragmentQueue(capacity=2, max_bytes=1 << 20, policy=Overflow.drop_oldest)
+    q.try_put(frag(0), first=False)
+    q.try_put(frag(1), first=None)
+    q.try_put(frag(2))
+    assert q.first_steps() == 4 and q.depth == 2 and q.stats.dropped_steps == {"overflow": 4}
+    q.try_put(frag(3))
+    assert q.first_steps() == 8 and q.bytes == 2 * frag(0).nbytes
+    assert q.close() == 8 and q.first_steps() == 0 and q.bytes == 0 and q.depth == 0 and q.closed
+
+
+def test_waits_end_at_their_timeout_or_when_stop_says_so():
+    spec = EnvSpec((3,), True, 2)
+    store = PolicyStore(Snapshot.make(3, ActorCritic(spec, (4,)), np.zeros(3), np.ones(3)))
+    assert store.wait_newer(3, timeout=0.01).version == 3  # nothing newer: returns the current one
+    assert store.wait_newer(2, timeout=60.0).version == 3  # already newer: no wait
+    assert store.wait_newer(3, timeout=60.0, stop=lambda: True).version == 3
+    gen = store.generation
+    store.wait_change(gen, timeout=60.0, stop=lambda: True)  # returns at once
+    store.wait_change(gen - 1, timeout=60.0)
+    store.publish(Snapshot.make(3, ActorCritic(spec, (4,)), np.zeros(3), np.ones(3)))  # the same version again
+    assert store.generation == gen + 1 and store.latest().version == 3
+    q = FragmentQueue(capacity=1, max_bytes=1 << 20)
+    q.try_put(frag(0))
+    q.wait_room(frag(0).nbytes, timeout=0.01)  # full: waits out the timeout
+    assert 0.01 <= q.stats.blocked_s < 60.0
+    assert q.try_put(frag(1)) is False  # block: no room, says so
+    q.get(0)
+    q.put(frag(2))  # put's fragments are first copies unless told otherwise
+    assert q.first_steps() == 4
