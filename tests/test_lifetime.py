@@ -14,7 +14,7 @@ import pytest
 
 from laglab.shm import leftover_segments
 
-from test_process import pcfg
+from test_process import _descendants, pcfg
 from test_protocol import balanced
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,24 +26,6 @@ def _proc_state(pid):
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return None
-
-
-def _descendants(pid):
-    """Every live process below ``pid`` (children, grandchildren: forkserver actors are the server's)."""
-    parent = {}
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                parent[int(p.name)] = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError):
-                continue
-    out, todo = [], [pid]
-    while todo:
-        q = todo.pop()
-        kids = [c for c, pp in parent.items() if pp == q]
-        out += kids
-        todo += kids
-    return out
 
 
 def _alive(pids):

@@ -234,7 +234,7 @@ def _train(tmp_path, *args):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def _pids_of_children(pid):
+def _descendants(pid):
     """Every process below ``pid``: children, and the fork server's children (the actors under forkserver)."""
     parent = {}
     for p in Path("/proc").iterdir():
@@ -279,7 +279,7 @@ def test_no_shared_memory_or_process_is_left_behind(tmp_path, how, start_method)
     try:
         if how != "completed":
             _wait_for_metrics(p, tmp_path)
-            kids = _pids_of_children(p.pid)
+            kids = _descendants(p.pid)
             actors = _actors(kids)
             assert len(actors) == 4, kids  # 4 actors (+ the resource tracker, the fork server)
             for a in actors:  # one BLAS thread, also when forked from a server started before the run
