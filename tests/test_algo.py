@@ -249,3 +249,68 @@ def test_a_ratio_exactly_on_a_bound_is_not_counted_as_clipped():
                                dtype=torch.float64), 0.2, 2.0)
     assert float(dual.dual_clip_frac) == 0.0  # r A = c A: the dual bound is reached, not active
     assert float(dual.clip_frac) == 1.0 and float(dual.loss) == pytest.approx((2.0 + 6.0) / 2)
+
+
+def _decoupled_reference(logp, prox, beh, adv, eps, cap, c=None):
+    """Hilton et al. 2022 eq. 2, sample by sample, with the weight truncated: the objective of one sample is
+    min(pi/mu * A, clip(pi/prox, 1-eps, 1+eps) * prox/mu * A) with prox/mu replaced by min(prox/mu, cap) in both
+    terms (pi/mu = pi/prox * prox/mu), and dual-clip's bound c * A * w for A < 0."""
+    out, clipped, trunc = [], 0, 0
+    for lp, lx, lb, a in zip(logp.tolist(), prox.tolist(), beh.tolist(), adv.tolist()):
+        w = math.exp(lx - lb)
+        trunc += w > cap
+        w = min(w, cap)
+        r = math.exp(lp - lx)
+        obj = min(r * w * a, min(max(r, 1 - eps), 1 + eps) * w * a)
+        clipped += abs(r - 1) > eps
+        if c is not None and a < 0:
+            obj = max(obj, c * w * a)
+        out.append(obj)
+    n = len(out)
+    return -sum(out) / n, clipped / n, trunc / n
+
+
+@pytest.mark.parametrize("cap,c", [(1e9, None), (1.5, None), (2.0, 3.0)])
+def test_decoupled_loss_matches_the_papers_objective(cap, c):
+    logp, prox, adv = _loss_inputs()
+    beh = prox + torch.tensor(rng.normal(size=len(prox)) * 1.0, dtype=torch.float64)  # a stale behavior policy
+    info = algo.decoupled_loss(logp, prox, beh, adv, 0.2, cap, c)
+    loss, cf, tf = _decoupled_reference(logp, prox, beh, adv, 0.2, cap, c)
+    assert float(info.loss) == pytest.approx(loss, rel=1e-12)
+    assert float(info.clip_frac) == pytest.approx(cf)
+    assert float(info.is_trunc_frac) == pytest.approx(tf)
+    assert (tf > 0) == (cap < 1e9)  # the truncation is exercised where it is set
+
+
+def test_decoupled_loss_on_fresh_data_is_exactly_ppo():
+    """The on-policy limit: the proximal policy is the behavior policy, the weight is exactly 1."""
+    logp, old, adv = _loss_inputs()
+    assert torch.equal(algo.decoupled_loss(logp, old, old, adv, 0.2, 5.0).loss, algo.ppo_clip_loss(logp, old, adv, 0.2).loss)
+    assert torch.equal(algo.decoupled_loss(logp, old, old, adv, 0.2, 5.0, 3.0).loss,
+                       algo.dual_clip_loss(logp, old, adv, 0.2, 3.0).loss)
+
+
+def test_decoupled_gradient_is_the_weighted_ratio_gradient_inside_the_clip_and_zero_outside():
+    """d/d logp of -w * min(r A, clip(r) A) / n is -w r A / n where the unclipped term is the minimum, 0 where the
+    clipped one is (written from the definition, not through autograd); no gradient reaches the weight."""
+    logp, prox, adv = _loss_inputs()
+    beh = prox + torch.tensor(rng.normal(size=len(prox)), dtype=torch.float64)
+    x = logp.clone().requires_grad_(True)
+    algo.decoupled_loss(x, prox, beh, adv, 0.2, 2.0).loss.backward()
+    n = len(logp)
+    want = []
+    for lp, lx, lb, a in zip(logp.tolist(), prox.tolist(), beh.tolist(), adv.tolist()):
+        r, w = math.exp(lp - lx), min(math.exp(lx - lb), 2.0)
+        active = (a >= 0 and r < 1.2) or (a < 0 and r > 0.8)  # where r A <= clip(r) A and r is not clamped
+        want.append(-w * r * a / n if active else 0.0)
+    np.testing.assert_allclose(x.grad.numpy(), want, rtol=1e-10, atol=1e-15)
+
+
+def test_effective_sample_fraction_is_kish_and_survives_huge_weights():
+    lw = torch.tensor(rng.normal(size=300) * 2, dtype=torch.float64)
+    w = np.exp(lw.numpy())
+    assert algo.effective_sample_fraction(lw) == pytest.approx(w.sum() ** 2 / (len(w) * (w ** 2).sum()), rel=1e-10)
+    assert algo.effective_sample_fraction(torch.zeros(50)) == pytest.approx(1.0)
+    one = torch.full((10,), -1000.0)
+    one[3] = 1000.0  # exp overflows in float64 unscaled
+    assert algo.effective_sample_fraction(one) == pytest.approx(0.1)

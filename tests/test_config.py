@@ -2,6 +2,7 @@
 import itertools
 import json
 import os
+import re
 import subprocess
 import tempfile
 import sys
@@ -73,9 +74,17 @@ def test_schema_errors_at_compose(override, exc):
     (["learner.epochs=0"], "learner.epochs"),
     (["algo.loss.clip_eps=1.5"], "algo.loss.clip_eps"),
     (["policy.activation=sigmoid"], "policy.activation"),
+    # the staleness controls (issue 19): each refused naming the key and its range
+    (["algo=decoupled", "algo.loss.is_cap=0"], "algo.loss.is_cap=0.0; allowed: a number > 0"),
+    (["algo=decoupled", "algo.loss.prox=ewma", "algo.loss.prox_beta=1.0"], "algo.loss.prox_beta=1.0; allowed: null"),
+    (["algo.loss.prox_beta=0"], "algo.loss.prox_beta"),
+    (["learner.max_kl_behavior=0"], "learner.max_kl_behavior=0.0; allowed: null or a number > 0"),
+    (["learner.lr_schedule=kl_adaptive"], "learner.kl_target=null; allowed: a number > 0 with"),
+    (["learner.lr_schedule=kl_adaptive", "learner.kl_target=0.01", "learner.lr=0.05"], "learner.lr=0.05; allowed: a "
+                                                                                         "number in [learner.lr_min"),
 ])
 def test_cross_field_rules_name_the_key(overrides, key):
-    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=re.escape(key)):
         validate(_compose(*overrides))
 
 
@@ -111,9 +120,12 @@ def test_train_py_refuses_bad_overrides_before_starting(args, needle):
     (["total_env_steps=1e5"], "total_env_steps=1e5; allowed: an integer; did you mean total_env_steps=100000?"),
     (["batch_size=512"], "did you mean learner.batch_size?"),
     (["learner.batchsize=512"], "allowed under learner: batch_size, epochs"),
-    (["algo=vtrac"], "algo=vtrac; allowed: dual_clip | ppo | vtrace | vtrace_dual_clip; did you mean algo=vtrace?"),
+    (["algo=vtrac"], "algo=vtrac; allowed: decoupled | decoupled_ewma | dual_clip | ppo | vtrace | "
+                     "vtrace_dual_clip; did you mean algo=vtrace?"),
     (["transport.policy=drop_olds"], "allowed: block | reject | drop_oldest; did you mean transport.policy=drop_oldest?"),
-    (["learner.anneal_lr=maybe"], "learner.anneal_lr=maybe; allowed: true | false"),
+    (["learner.lr_schedule=maybe"], "learner.lr_schedule=maybe; allowed: linear | constant | kl_adaptive"),
+    (["learner.anneal_lr=false"], "learner.anneal_lr is no longer a key; use learner.lr_schedule=linear"),
+    (["algo.loss.checkpoint=true"], "unknown key algo.loss.checkpoint"),
     (["env.max_episode_steps=abc"], "env.max_episode_steps=abc; allowed: null or an integer"),
     (["seed=[1,2"], "invalid override seed=[1,2"),
     (["seed=0,1"], "a list of values is a sweep; allowed: -m (--multirun)"),

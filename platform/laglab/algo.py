@@ -85,6 +85,7 @@ class LossInfo(NamedTuple):
     loss: Tensor
     clip_frac: Tensor  # fraction of samples where the eps-clip is active
     dual_clip_frac: Tensor  # fraction where the dual-clip bound c*A is active (0 for plain clip)
+    is_trunc_frac: Optional[Tensor] = None  # decoupled: fraction of samples whose weight pi_prox/mu was truncated
 
 
 def _clipped_objective(logp: Tensor, old_logp: Tensor, adv: Tensor, eps: float):
@@ -108,11 +109,48 @@ def dual_clip_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, eps: float, c: f
     Bounds how far one sample with a negative advantage and a huge (stale) ratio can push the loss.
     """
     obj, clip_frac = _clipped_objective(logp, old_logp, adv, eps)
+    dual, dual_frac = _dual_bound(obj, adv, c)
+    return LossInfo(-dual.mean(), clip_frac, dual_frac)
+
+
+def _dual_bound(obj: Tensor, adv: Tensor, c: float):
+    """Dual clip's lower bound c*A on the objective where A < 0; (bounded objective, fraction where it binds)."""
     lower = c * adv
     neg = adv < 0
-    dual = torch.where(neg, torch.maximum(obj, lower), obj)
-    dual_frac = (neg & (lower > obj)).float().mean()
-    return LossInfo(-dual.mean(), clip_frac, dual_frac)
+    return torch.where(neg, torch.maximum(obj, lower), obj), (neg & (lower > obj)).float().mean()
+
+
+def decoupled_loss(logp: Tensor, prox_logp: Tensor, behavior_logp: Tensor, adv: Tensor, eps: float, is_cap: float,
+                   dual_clip_c: Optional[float] = None) -> LossInfo:
+    """The decoupled PPO objective (Hilton et al. 2022, "Batch size-invariance for policy optimization", eq. 2;
+    the objective AReaL uses for stale data): the *proximal* policy pi_prox bounds the update, the *behavior*
+    policy mu only enters through an importance weight,
+
+        L = -E_mu[ w * min(r A, clip(r, 1-eps, 1+eps) A) ],  r = pi_theta / pi_prox,  w = min(pi_prox / mu, is_cap),
+
+    with w a constant (no gradient). With ``dual_clip_c`` the inner objective is dual-clip's
+    max(min(r A, clip(r) A), c A) for A < 0 (Ye et al. 2020). The truncation of w (as truncated importance
+    sampling) bounds the variance a very stale sample adds; Hilton et al. cap pi_theta/mu instead, AReaL drops the
+    samples past its cap. On fresh data (pi_prox = mu) w = 1 and this is exactly PPO's clipped surrogate.
+    """
+    with torch.no_grad():
+        raw_w = torch.exp(prox_logp - behavior_logp)
+        w = torch.clamp(raw_w, max=is_cap)
+        trunc = (raw_w > is_cap).float().mean()
+    obj, clip_frac = _clipped_objective(logp, prox_logp, adv, eps)
+    dual_frac = torch.zeros((), dtype=obj.dtype)
+    if dual_clip_c is not None:
+        obj, dual_frac = _dual_bound(obj, adv, dual_clip_c)
+    return LossInfo(-(w * obj).mean(), clip_frac, dual_frac, trunc)
+
+
+def effective_sample_fraction(log_w: Tensor) -> float:
+    """Kish's effective sample size of importance weights exp(log_w), as a fraction of their count:
+    (sum w)^2 / (n sum w^2), in (0, 1]; 1 when every weight is equal (on-policy data). Computed with the weights
+    scaled by their maximum, so large log-weights do not overflow."""
+    lw = log_w.reshape(-1).double()
+    w = torch.exp(lw - lw.max())
+    return float(w.sum() ** 2 / (len(w) * (w * w).sum()))
 
 
 def gaussian_logp(x: Tensor, mean: Tensor, log_std: Tensor) -> Tensor:

@@ -27,6 +27,19 @@ class Estimator(str, Enum):
 class LossKind(str, Enum):
     clip = "clip"
     dual_clip = "dual_clip"
+    decoupled = "decoupled"  # clip around a proximal policy, importance weight pi_prox/mu (algo.decoupled_loss)
+    decoupled_dual_clip = "decoupled_dual_clip"  # the same with dual-clip's bound c*A for A < 0
+
+
+class Prox(str, Enum):
+    start = "start"  # the learner's policy at the start of the update (the policy PPO's clip is around)
+    ewma = "ewma"  # an exponentially weighted moving average of the weights (Hilton et al. 2022, PPO-EWMA)
+
+
+class LrSchedule(str, Enum):
+    linear = "linear"  # annealed linearly in learner progress, reaching 0 at the budget
+    constant = "constant"
+    kl_adaptive = "kl_adaptive"  # Sample Factory's rule, per minibatch, around learner.kl_target
 
 
 class RunnerKind(str, Enum):
@@ -61,6 +74,10 @@ class LossConfig:
     kind: LossKind = LossKind.clip
     clip_eps: float = 0.2
     dual_clip_c: float = 3.0  # lower bound c*A for negative advantages (dual-clip only), must be > 1
+    # decoupled: the proximal policy the ratio is clipped around, and the cap of the weight pi_prox/mu
+    prox: Prox = Prox.start
+    prox_beta: Optional[float] = None  # prox=ewma: decay per optimizer step; null = (K-1)/(K+1), K steps per update
+    is_cap: float = 5.0
     vf_coef: float = 0.5
     ent_coef: float = 0.0
     max_grad_norm: float = 0.5
@@ -111,11 +128,17 @@ class LearnerConfig:
     epochs: int = 4
     minibatches: int = 4
     lr: float = 1e-3
-    anneal_lr: bool = True
+    lr_schedule: LrSchedule = LrSchedule.linear
+    kl_target: Optional[float] = None  # lr_schedule=kl_adaptive: the KL per minibatch step the rule steers to
+    lr_min: float = 1e-6  # lr_schedule=kl_adaptive: the bounds of the adapted learning rate
+    lr_max: float = 1e-2
     adam_eps: float = 1e-5
     broadcast_every: int = 1  # publish a snapshot every N updates
     max_policy_lag: Optional[int] = None  # drop transitions older than this many versions; null = keep all
     target_kl: Optional[float] = None  # stop the epochs of an update early past this approx KL
+    # drop fragments whose KL(behavior || current) exceeds this before the update (booked as "kl"), and when one
+    # arrives while a newer version is unpublished (broadcast_every > 1), publish it at once; null = keep all
+    max_kl_behavior: Optional[float] = None
     checkpoint: bool = True  # checkpoints/final.pt at the end
     checkpoint_every: int = 0  # also checkpoints/latest.pt every N updates (0 = never)
 
@@ -247,7 +270,7 @@ ACTIVATIONS = ("tanh", "relu", "elu")
 
 def _require(ok: bool, key: str, allowed: str, got: Any) -> None:
     if not ok:
-        raise ConfigError(f"invalid config: {key}={got!r}; allowed: {allowed}")
+        raise ConfigError(f"invalid config: {key}={'null' if got is None else repr(got)}; allowed: {allowed}")
 
 
 def schema_keys(schema: type = Config, prefix: str = "") -> List[str]:
@@ -303,9 +326,15 @@ def key_type(schema: type, key: str) -> Any:
         return None
 
 
+RENAMED = {"learner.anneal_lr": "learner.lr_schedule=linear (was anneal_lr=true) or learner.lr_schedule=constant "
+                                "(was anneal_lr=false)"}
+
+
 def unknown_key_message(key: str, schema: type, candidates: Optional[List[str]] = None) -> str:
     """``invalid config: unknown key K; allowed under P: ...; did you mean X?`` for a key ``schema`` lacks
     (``candidates``: the dotted keys to suggest from; default: the keys of laglab's schema)."""
+    if key in RENAMED:
+        return f"invalid config: {key} is no longer a key; use {RENAMED[key]}"
     where = key.rpartition(".")[0]
     allowed = ", ".join(f.name for f in dataclasses.fields(schema)) if dataclasses.is_dataclass(schema) else "?"
     guess = did_you_mean(key, schema_keys() if candidates is None else candidates)
@@ -380,6 +409,16 @@ def validate(cfg: Any) -> Config:
         lr.max_policy_lag,
     )
     _require(lr.target_kl is None or lr.target_kl > 0, "learner.target_kl", "null or > 0", lr.target_kl)
+    _require(lr.max_kl_behavior is None or lr.max_kl_behavior > 0, "learner.max_kl_behavior", "null or a number > 0",
+             lr.max_kl_behavior)
+    _require(lr.kl_target is None or lr.kl_target > 0, "learner.kl_target", "null or a number > 0", lr.kl_target)
+    if lr.lr_schedule == LrSchedule.kl_adaptive:
+        _require(lr.kl_target is not None, "learner.kl_target",
+                 "a number > 0 with learner.lr_schedule=kl_adaptive (the KL the rule steers to, e.g. 0.01)",
+                 lr.kl_target)
+        _require(0 < lr.lr_min <= lr.lr <= lr.lr_max, "learner.lr",
+                 f"a number in [learner.lr_min, learner.lr_max] = [{lr.lr_min:g}, {lr.lr_max:g}] with "
+                 "learner.lr_schedule=kl_adaptive (the rule adapts it within those bounds)", lr.lr)
     _require(0.0 <= al.gamma <= 1.0, "algo.advantage.gamma", "a number in [0, 1]", al.gamma)
     _require(0.0 <= al.lam <= 1.0, "algo.advantage.lam", "a number in [0, 1]", al.lam)
     _require(al.c_bar > 0, "algo.advantage.c_bar", "a number > 0", al.c_bar)
@@ -391,6 +430,9 @@ def validate(cfg: Any) -> Config:
     )
     _require(0.0 < ac.loss.clip_eps < 1.0, "algo.loss.clip_eps", "a number in (0, 1)", ac.loss.clip_eps)
     _require(ac.loss.dual_clip_c > 1.0, "algo.loss.dual_clip_c", "a number > 1", ac.loss.dual_clip_c)
+    _require(ac.loss.is_cap > 0, "algo.loss.is_cap", "a number > 0", ac.loss.is_cap)
+    _require(ac.loss.prox_beta is None or 0.0 < ac.loss.prox_beta < 1.0, "algo.loss.prox_beta",
+             "null (auto) or a number in (0, 1)", ac.loss.prox_beta)
     _require(ac.loss.max_grad_norm > 0, "algo.loss.max_grad_norm", "a number > 0", ac.loss.max_grad_norm)
     _require(
         c.policy.activation in ACTIVATIONS, "policy.activation", " | ".join(ACTIVATIONS), c.policy.activation

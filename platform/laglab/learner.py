@@ -11,6 +11,7 @@ running discounted return, so it survives actor restarts and resumes and does no
 from __future__ import annotations
 
 import collections
+import copy
 import json
 import logging
 import os
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 
 from . import algo
-from .config import Config, ConfigError, Estimator, LossKind
+from .config import Config, ConfigError, Estimator, LossKind, LrSchedule, Prox
 from .optim import Adam, clip_grad_norm
 from .envs import EnvSpec, RunningMeanStd, normalize
 from .fragment import Fragment, chain_depths, successors
@@ -113,6 +114,32 @@ class Learner:
         self.incarnation_mark: Optional[Path] = None  # where the high-water mark goes (see allocate_incarnation)
         self._mark = 0  # the mark last written: no incarnation of this run reaches it
         self.gen = torch.Generator().manual_seed(int(cfg.seed) + 7919)
+        # the decoupled loss's proximal policy when it is an EWMA of the weights (None: the start of each update)
+        self.prox_model: Optional[ActorCritic] = None
+        self.prox_beta = prox_beta(cfg)
+        self._ewma_total = 1.0  # the weight the EWMA has accumulated (bias correction, as PPO-EWMA)
+        if is_decoupled(cfg) and cfg.algo.loss.prox == Prox.ewma:
+            self.prox_model = copy.deepcopy(self.model).requires_grad_(False)
+
+    def _ewma_step(self) -> None:
+        """After each optimizer step: prox <- keep * prox + (1 - keep) * theta, keep = beta * W / (beta * W + 1),
+        W the accumulated weight (starts at 1, the initial weights; tends to 1 / (1 - beta)), so early on the
+        average is not pulled towards the initial weights (Hilton et al. 2022's EwmaModel)."""
+        total = self.prox_beta * self._ewma_total + 1.0
+        keep = self.prox_beta * self._ewma_total / total
+        with torch.no_grad():
+            for q, p in zip(self.prox_model.parameters(), self.params):
+                q.lerp_(p, 1.0 - keep)
+        self._ewma_total = total
+
+    def fragment_kl(self, frag: Fragment) -> float:
+        """KL(behavior || current) of one fragment (k3 estimate over its steps), under the policy the next update
+        starts from: the measure ``learner.max_kl_behavior`` caps."""
+        with torch.no_grad():
+            obs = self._norm(np.array(frag.obs)).reshape((-1,) + self.spec.obs_shape)  # copies: a fragment's
+            actions = torch.from_numpy(np.array(frag.actions)).reshape((-1,) + self.spec.action_shape)  # are read-only
+            logp = self.model.logp_entropy(obs, actions)[0]
+            return float(algo.approx_kl_k3(logp, torch.from_numpy(np.array(frag.logp)).reshape(-1)))
 
     def allocate_incarnation(self) -> int:
         """The next actor incarnation number of this run (continued across resumes). With ``incarnation_mark``
@@ -268,9 +295,10 @@ class Learner:
         misattributed = self._audit(b, frags) if audit else 0
         adv, returns, values, cur_logp = self._targets(b)
         lag_kl = float(algo.approx_kl_k3(cur_logp, b.behavior_logp))
+        is_ess = algo.effective_sample_fraction(cur_logp - b.behavior_logp)
         obs, actions, lags = b.obs, b.actions, b.lags
 
-        if lc.anneal_lr:  # on learner progress: the budget's transitions that met their fate before this update
+        if lc.lr_schedule == LrSchedule.linear:  # on learner progress: the budget's transitions that met their fate before this update
             done = self.trained_steps if progress is None else progress
             frac = min(1.0, max(0.0, 1.0 - done / cfg.total_env_steps))
             for g in self.opt.param_groups:
@@ -280,6 +308,8 @@ class Learner:
         B = b.T * b.N
         mb = B // lc.minibatches
         loss_cfg = ac.loss
+        decoupled = is_decoupled(cfg)
+        dual_c = loss_cfg.dual_clip_c if loss_cfg.kind in (LossKind.dual_clip, LossKind.decoupled_dual_clip) else None
         sums: Dict[str, float] = collections.defaultdict(float)
         n_mb = 0
         epochs_done = 0
@@ -292,8 +322,15 @@ class Learner:
                 a = b_adv[idx]
                 if loss_cfg.norm_adv and mb > 1:
                     a = (a - a.mean()) / (a.std() + 1e-8)
-                if loss_cfg.kind == LossKind.dual_clip:
-                    info = algo.dual_clip_loss(logp, b_old[idx], a, loss_cfg.clip_eps, loss_cfg.dual_clip_c)
+                if decoupled:
+                    if self.prox_model is not None:
+                        with torch.no_grad():
+                            prox = self.prox_model.logp_entropy(obs[idx], actions[idx])[0]
+                    else:
+                        prox = b_start[idx]
+                    info = algo.decoupled_loss(logp, prox, b_old[idx], a, loss_cfg.clip_eps, loss_cfg.is_cap, dual_c)
+                elif dual_c is not None:
+                    info = algo.dual_clip_loss(logp, b_old[idx], a, loss_cfg.clip_eps, dual_c)
                 else:
                     info = algo.ppo_clip_loss(logp, b_old[idx], a, loss_cfg.clip_eps)
                 v = self.model.value(obs[idx])
@@ -304,14 +341,20 @@ class Learner:
                 loss.backward()
                 clip_grad_norm(self.params, loss_cfg.max_grad_norm)
                 self.opt.step()
+                if self.prox_model is not None:
+                    self._ewma_step()
                 with torch.no_grad():  # how far this update moved the policy (staleness is lag/kl_behavior)
                     kl = float(algo.approx_kl_k3(logp, b_start[idx]))
                 kl_epoch.append(kl)
+                if lc.lr_schedule == LrSchedule.kl_adaptive:
+                    self._adapt_lr(kl)
                 sums["policy_loss"] += float(info.loss.detach())
                 sums["value_loss"] += float(v_loss.detach())
                 sums["entropy"] += float(ent_m.detach())
                 sums["clip_frac"] += float(info.clip_frac)
                 sums["dual_clip_frac"] += float(info.dual_clip_frac)
+                if info.is_trunc_frac is not None:
+                    sums["is_trunc_frac"] += float(info.is_trunc_frac)
                 sums["approx_kl"] += kl
                 n_mb += 1
             epochs_done += 1
@@ -332,6 +375,7 @@ class Learner:
             "lag/mean": float(lags.mean()),
             "lag/max": float(lags.max()),
             "lag/kl_behavior": lag_kl,
+            "lag/is_ess": is_ess,
             "charts/lr": float(self.opt.param_groups[0]["lr"]),
             "learner/epochs_done": float(epochs_done),
             "learner/update_s": time.perf_counter() - t_start,
@@ -340,6 +384,19 @@ class Learner:
         if audit:
             m["transport/audit_misattributed"] = float(misattributed)
         return m
+
+    def _adapt_lr(self, kl: float) -> None:
+        """``lr_schedule=kl_adaptive``, Sample Factory's rule (its ``kl_adaptive_minibatch``), after every minibatch
+        step: past 2 x kl_target the learning rate is divided by 1.5, under kl_target / 2 multiplied by 1.5, within
+        [lr_min, lr_max]. The KL is how far this update has moved the policy (k3, against the policy at the start
+        of the update); Sample Factory measures it against the behavior policy, which in an asynchronous run also
+        counts the lag."""
+        lc = self.cfg.learner
+        for g in self.opt.param_groups:
+            if kl > 2.0 * lc.kl_target:
+                g["lr"] = max(g["lr"] / 1.5, lc.lr_min)
+            elif kl < 0.5 * lc.kl_target:
+                g["lr"] = min(g["lr"] * 1.5, lc.lr_max)
 
     # ---- checkpoints -------------------------------------------------------------------------------
     def checkpoint_state(self, env_steps: int = 0) -> Dict[str, object]:
@@ -362,6 +419,8 @@ class Learner:
             "next_incarnation": int(self.next_incarnation),
             "fingerprint": json.dumps(fingerprint(self.cfg, self.spec), sort_keys=True),
             "rng": self.gen.get_state(),
+            **({"prox_ewma": self.prox_model.state_dict(), "prox_ewma_total": float(self._ewma_total)}
+               if self.prox_model is not None else {}),
         }
 
     def save_checkpoint(self, path: Path, env_steps: int = 0) -> Path:
@@ -392,6 +451,13 @@ class Learner:
         self.trained_steps = int(state["trained_steps"])
         self.next_incarnation = max(int(state["next_incarnation"]), read_incarnation_mark(Path(path).parent))
         self.gen.set_state(state["rng"])
+        if self.prox_model is not None:  # a checkpoint of a run without the EWMA: it starts at the weights
+            if "prox_ewma" in state:
+                self.prox_model.load_state_dict(state["prox_ewma"])
+                self._ewma_total = float(state["prox_ewma_total"])
+            else:
+                self.prox_model.load_state_dict(state["model"])
+                self._ewma_total = 1.0
         return int(state.get("env_steps", 0))
 
 
@@ -425,6 +491,21 @@ def read_checkpoint(path: Path, cfg: Config, spec: EnvSpec, purpose: str = "resu
     if diff:
         raise ConfigError(f"invalid config: {purpose}={path} does not fit this run ({'; '.join(diff)})")
     return state
+
+
+def is_decoupled(cfg: Config) -> bool:
+    return cfg.algo.loss.kind in (LossKind.decoupled, LossKind.decoupled_dual_clip)
+
+
+def prox_beta(cfg: Config) -> float:
+    """The EWMA decay per optimizer step of ``prox=ewma``: ``algo.loss.prox_beta``, or with null the decay whose
+    average age (beta / (1 - beta) steps) equals the average age of PPO's proximal policy, the start of the update,
+    over an update's K = epochs x minibatches steps ((K - 1) / 2): beta = (K - 1) / (K + 1) (Hilton et al. 2022
+    match the proximal policy's age the same way)."""
+    if cfg.algo.loss.prox_beta is not None:
+        return float(cfg.algo.loss.prox_beta)
+    k = cfg.learner.epochs * cfg.learner.minibatches
+    return (k - 1) / (k + 1)
 
 
 def lag_ok(cfg: Config, lag: int) -> bool:

@@ -1,5 +1,5 @@
-"""The learner driver, the same for every runner: admission -> lag filter -> batch -> (tagged audit) ->
-update -> publish -> checkpoint -> log, with the transport's books checked at every update."""
+"""The learner driver, the same for every runner: admission -> lag filter -> KL filter -> batch -> (tagged
+audit) -> update -> publish -> checkpoint -> log, with the transport's books checked at every update."""
 from __future__ import annotations
 
 import collections
@@ -59,6 +59,10 @@ class LearnerDriver:
         self._ages: List[float] = []
         self._kept = 0
         self._lag_dropped = 0
+        self._kl_dropped = 0
+        self._kl_offered: List[float] = []  # KL(behavior || current) of the fragments offered since the last update
+        self.kl_publications = 0  # publications forced by learner.max_kl_behavior between broadcast_every's
+        self._published = learner.version  # the newest version published
         self._t_last = time.perf_counter()
         self.wait_s = 0.0
         self.compute_s = 0.0
@@ -82,6 +86,18 @@ class LearnerDriver:
                 self.dropped["lag"] += frag.length
                 self._lag_dropped += frag.length
             return None
+        cap = self.cfg.learner.max_kl_behavior
+        if cap is not None:  # seed 004's staleness cap: data too far from the current policy is not trained on
+            kl = self.learner.fragment_kl(frag)
+            self._kl_offered.append(kl)
+            if kl > cap:
+                if first:
+                    self.dropped["kl"] += frag.length
+                    self._kl_dropped += frag.length
+                if self.learner.version > self._published:  # seed 004: past the cap, sync the actors at once
+                    self.kl_publications += 1
+                    self._publish()
+                return None
         self._kept += frag.length
         self.pending.append((frag, first))
         self._ages.append(age_s)
@@ -135,8 +151,13 @@ class LearnerDriver:
         self.compute_s += compute
         self.trained += sum(f.length for f, first in pending if first)
         self.pending, self._ages = [], []
-        m["lag/kept_frac"] = self._kept / max(1, self._kept + self._lag_dropped)
-        self._kept = self._lag_dropped = 0
+        m["lag/kept_frac"] = self._kept / max(1, self._kept + self._lag_dropped + self._kl_dropped)
+        cap = self.cfg.learner.max_kl_behavior
+        if cap is not None:
+            m["lag/kl_dropped_frac"] = self._kl_dropped / max(1, self._kept + self._lag_dropped + self._kl_dropped)
+            m["lag/kl_offered_mean"] = float(np.mean(self._kl_offered)) if self._kl_offered else 0.0
+            m["lag/kl_offered_max"] = float(np.max(self._kl_offered)) if self._kl_offered else 0.0
+        self._kept = self._lag_dropped = self._kl_dropped = 0
         m["transport/age_s_mean"] = float(np.mean(ages))
         m["transport/age_s_max"] = float(np.max(ages))
         st, led = self.admission.stats, self.ledger
@@ -153,15 +174,11 @@ class LearnerDriver:
         m["learner/wait_frac"] = self.wait_s / max(self.wait_s + self.compute_s, 1e-9)
         m["learner/updates_per_s"] = self.learner.updates / max(self.tracker.wall(), 1e-9)
         m.update(self.gauges())
+        self._kl_offered = []
+        if cap is not None:
+            m["learner/kl_publications"] = float(self.kl_publications)
         if self.learner.updates % self.cfg.learner.broadcast_every == 0:
-            with self.ledger.lock:  # throttle credit is for live incarnations: forget the retired ones'
-                gone = [i for i in self.learner.consumed if i not in self.ledger.owner]
-            for inc in gone:
-                del self.learner.consumed[inc]
-            newest = self.learner.publish_snapshot()
-            self._history.append(newest)
-            acting = self._history[0]
-            self.publish(acting if acting is newest else dataclasses.replace(acting, consumed=newest.consumed))
+            self._publish()
         every = self.cfg.learner.checkpoint_every
         if every and self.checkpoint_dir is not None and self.learner.updates % every == 0:
             self.learner.save_checkpoint(self.checkpoint_dir / "latest.pt", self.budget.used)
@@ -176,6 +193,17 @@ class LearnerDriver:
             wait_unless_stopped(ch.stall_s)  # the injected fault: a learner that stops consuming for a while
         self._t_last = time.perf_counter()
         return row
+
+    def _publish(self) -> None:
+        with self.ledger.lock:  # throttle credit is for live incarnations: forget the retired ones'
+            gone = [i for i in self.learner.consumed if i not in self.ledger.owner]
+        for inc in gone:
+            del self.learner.consumed[inc]
+        newest = self.learner.publish_snapshot()
+        self._published = newest.version
+        self._history.append(newest)
+        acting = self._history[0]
+        self.publish(acting if acting is newest else dataclasses.replace(acting, consumed=newest.consumed))
 
     def close(self) -> Balance:
         """Final books, once no actor can produce any more: what is still staged is dropped (shutdown)."""
@@ -194,6 +222,8 @@ class LearnerDriver:
                   "duplicates_detected": led.duplicates, "duplicate_steps_admitted": st.duplicate_steps_admitted,
                   "too_old": led.too_old, "unattributed": led.unattributed, "bytes_admitted": st.bytes_admitted,
                   "admitted_fragments": st.admitted_fragments, "worst_unaccounted_at_update": self.worst_unaccounted})
+        if self.cfg.learner.max_kl_behavior is not None:
+            t["kl_forced_publications"] = self.kl_publications
         t.update(extra or {})
         chaos = dict(chaos)
         chaos["stalls"] = self.stalls

@@ -1,0 +1,163 @@
+"""What buys lag back (issue 19), in the learner and the driver: the decoupled objective's proximal policy
+(start of the update | EWMA of the weights), the KL cap on stale fragments, the KL-adaptive learning rate."""
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from laglab import algo
+from laglab.config import Config, validate
+from laglab.learner import Learner, prox_beta
+from laglab.run import env_spec, run
+from test_learner import cfg_of, hand_critic, make_frag
+
+
+def _frags(k=0, version=0):
+    return [make_frag(6 * k, [1, 0, 1], [0, 0, 0], [0, 0, 0], version=version, seed=k),
+            make_frag(6 * k + 3, [0, 1, 1], [0, 0, 1], [0, 0, 0], version=version, seed=k)]
+
+
+def _same_weights(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_decoupled_start_on_fresh_data_trains_exactly_as_ppo():
+    """On-policy data (behavior = the learner's policy, uniform here): the proximal policy is the behavior policy,
+    every weight is 1, and the decoupled update is PPO's, weight for weight."""
+    learners = []
+    for kind in ("clip", "decoupled"):
+        cfg = cfg_of(algo={"loss": {"kind": kind}}, learner={"epochs": 2})
+        torch.manual_seed(0)  # the same initial weights
+        ln = Learner(cfg, env_spec(cfg))
+        hand_critic(ln, 0.5)  # a uniform policy: the fragments' log(0.5) is on-policy exactly
+        m = ln.update(_frags())
+        learners.append((ln, m))
+    (a, ma), (b, mb) = learners
+    assert _same_weights(a.model, b.model)
+    assert ma["losses/policy_loss"] == mb["losses/policy_loss"] and mb["losses/is_trunc_frac"] == 0.0
+    assert ma["lag/is_ess"] == pytest.approx(1.0)
+
+
+def test_decoupled_on_stale_data_differs_from_ppo_and_reports_truncation():
+    out = {}
+    for kind in ("clip", "decoupled"):
+        cfg = cfg_of(algo={"loss": {"kind": kind, "is_cap": 1.05}})
+        torch.manual_seed(0)
+        ln = Learner(cfg, env_spec(cfg))
+        with torch.no_grad():  # a policy far from the behavior's uniform one: pi/mu != 1
+            ln.model.pi[-1].bias.copy_(torch.tensor([2.0, -2.0]))
+        out[kind] = (ln, ln.update(_frags()))
+    assert not _same_weights(out["clip"][0].model, out["decoupled"][0].model)
+    m = out["decoupled"][1]
+    assert 0.0 < m["losses/is_trunc_frac"] <= 1.0 and m["lag/is_ess"] < 1.0
+
+
+def _ewma_reference(weights, beta):
+    """The bias-corrected EWMA as an explicit weighted average: sum_j beta^(k-j) theta_j / sum_j beta^(k-j) over
+    the initial weights theta_0 and the weights after each of the k steps."""
+    k = len(weights) - 1
+    c = np.array([beta ** (k - j) for j in range(k + 1)])
+    return sum(ci * w for ci, w in zip(c, weights)) / c.sum()
+
+
+def test_ewma_proximal_policy_is_the_weighted_average_of_every_step():
+    cfg = cfg_of(algo={"loss": {"kind": "decoupled", "prox": "ewma", "prox_beta": 0.7}})
+    ln = Learner(cfg, env_spec(cfg))
+    g = torch.Generator().manual_seed(0)
+    seen = [[p.detach().clone().double() for p in ln.params]]
+    for _ in range(5):
+        with torch.no_grad():
+            for p in ln.params:
+                p.add_(torch.randn(p.shape, generator=g))
+        seen.append([p.detach().clone().double() for p in ln.params])
+        ln._ewma_step()
+    for i, q in enumerate(ln.prox_model.parameters()):
+        want = _ewma_reference([s[i] for s in seen], 0.7)
+        torch.testing.assert_close(q.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_ewma_update_trains_and_the_average_survives_a_checkpoint(tmp_path):
+    cfg = cfg_of(algo={"loss": {"kind": "decoupled", "prox": "ewma"}}, learner={"epochs": 3})
+    ln = Learner(cfg, env_spec(cfg))
+    before = [p.detach().clone() for p in ln.prox_model.parameters()]
+    ln.update(_frags())
+    moved = [not torch.equal(a, b) for a, b in zip(before, ln.prox_model.parameters())]
+    assert any(moved) and not _same_weights(ln.prox_model, ln.model)  # it follows the weights, behind them
+    other = Learner(cfg, env_spec(cfg))
+    other.load_checkpoint(ln.save_checkpoint(tmp_path / "ck.pt"))
+    assert _same_weights(other.prox_model, ln.prox_model) and other._ewma_total == ln._ewma_total
+
+
+def test_auto_prox_beta_matches_the_mean_age_of_ppos_proximal_policy():
+    cfg = cfg_of(algo={"loss": {"kind": "decoupled", "prox": "ewma"}}, learner={"epochs": 10, "minibatches": 2})
+    b = prox_beta(cfg)  # K = 20 steps per update: PPO's start-of-update policy is on average 9.5 steps old
+    assert b == pytest.approx(19 / 21) and b / (1 - b) == pytest.approx(9.5)
+
+
+def test_kl_adaptive_follows_sample_factorys_rule_within_the_bounds():
+    cfg = cfg_of(learner={"lr": 1e-3, "lr_schedule": "kl_adaptive", "kl_target": 0.01, "lr_min": 5e-4,
+                          "lr_max": 2e-3})
+    ln = Learner(cfg, env_spec(cfg))
+    lr = lambda: ln.opt.param_groups[0]["lr"]  # noqa: E731
+    ln._adapt_lr(0.03)  # > 2 x target: / 1.5
+    assert lr() == pytest.approx(1e-3 / 1.5)
+    ln._adapt_lr(0.015)  # within [target / 2, 2 x target]: unchanged
+    assert lr() == pytest.approx(1e-3 / 1.5)
+    ln._adapt_lr(0.03)
+    assert lr() == pytest.approx(5e-4)  # floored at lr_min
+    for _ in range(5):
+        ln._adapt_lr(0.001)  # < target / 2: x 1.5, capped at lr_max
+    assert lr() == pytest.approx(2e-3)
+    m = ln.update(_frags())  # an update keeps adapting (and never anneals)
+    assert 5e-4 <= m["charts/lr"] <= 2e-3
+
+
+def test_fragment_kl_is_the_k3_estimate_under_the_current_policy():
+    cfg = cfg_of()
+    ln = Learner(cfg, env_spec(cfg))
+    f = _frags()[0]
+    hand_critic(ln, 0.0)  # uniform: the fragment's log(0.5) is on-policy
+    assert ln.fragment_kl(f) == pytest.approx(0.0, abs=1e-7)
+    with torch.no_grad():
+        ln.model.pi[-1].bias.copy_(torch.tensor([1.0, -1.0]))
+    p0 = torch.softmax(torch.tensor([1.0, -1.0]), 0)[0].item()  # every action of the fragment is 0
+    r = p0 / 0.5
+    assert ln.fragment_kl(f) == pytest.approx((r - 1) - np.log(r), rel=1e-5)
+
+
+def _small(**over) -> Config:
+    base = {"total_env_steps": 12288, "runner": {"name": "sync"}, "actor": {"envs_per_actor": 4, "rollout_len": 16},
+            "learner": {"batch_size": 512, "minibatches": 2, "epochs": 2},
+            "tracking": {"console_every_s": 1e9, "wandb": {"mode": "disabled"}}}
+    return validate(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(base), OmegaConf.create(over)))
+
+
+def test_max_kl_behavior_drops_stale_fragments_into_the_books(tmp_path):
+    s = run(_small(actor={"fixed_lag": 4}, learner={"max_kl_behavior": 1e-3}), tmp_path / "capped")
+    t = s["transport"]
+    assert t["balanced"] and t["dropped"].get("kl", 0) > 0  # booked under its own reason, books exact
+    df = pd.read_parquet(tmp_path / "capped" / "metrics.parquet")
+    assert 0 < df["transport/dropped/kl"].iloc[-1] <= t["dropped"]["kl"]  # W&B's counter (to the last update)
+    assert (df["lag/kl_behavior"] <= 1e-3 + 1e-9).all()  # what was trained on is within the cap ...
+    assert df["lag/kl_offered_max"].max() > 1e-3  # ... of what was offered
+
+
+def test_a_cap_nothing_reaches_changes_nothing(tmp_path):
+    a = run(_small(actor={"fixed_lag": 2}), tmp_path / "a")
+    b = run(_small(actor={"fixed_lag": 2}, learner={"max_kl_behavior": 1e6}), tmp_path / "b")
+    assert "kl" not in b["transport"]["dropped"] and b["transport"]["kl_forced_publications"] == 0
+    cols = ["losses/policy_loss", "episodic_return_mean", "lag/kl_behavior"]
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "a" / "metrics.parquet")[cols],
+                                  pd.read_parquet(tmp_path / "b" / "metrics.parquet")[cols])
+
+
+def test_kl_past_the_cap_forces_a_publication_between_broadcasts(tmp_path):
+    cfg = dict(learner={"broadcast_every": 4, "max_kl_behavior": 1e-4}, total_env_steps=16384)
+    s = run(_small(**cfg), tmp_path / "forced")
+    assert s["transport"]["kl_forced_publications"] > 0
+    df = pd.read_parquet(tmp_path / "forced" / "metrics.parquet")
+    # with publications forced, data is never as old as broadcast_every alone would let it get
+    never = run(_small(learner={"broadcast_every": 4}, total_env_steps=16384), tmp_path / "plain")
+    plain = pd.read_parquet(tmp_path / "plain" / "metrics.parquet")
+    assert df["lag/mean"].mean() < plain["lag/mean"].mean() and never["transport"]["balanced"]
