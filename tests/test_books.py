@@ -131,11 +131,11 @@ def test_a_real_actor_exception_with_fragments_held_on_the_link_keeps_the_books(
     real = Actor.collect
     calls = {"n": 0}
 
-    def flaky(self, envs=None):
+    def flaky(self, *args, **kwargs):
         calls["n"] += 1
         if calls["n"] % 5 == 0:
             raise RuntimeError("simulated env crash")
-        return real(self, envs)
+        return real(self, *args, **kwargs)
 
     monkeypatch.setattr(Actor, "collect", flaky)
     s = run(cfg_of(runner={"name": "thread", "actors_max_restarts": 100, "restart_backoff_s": 0.0},

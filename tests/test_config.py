@@ -78,6 +78,10 @@ def test_schema_errors_at_compose(override, exc):
     (["algo=decoupled", "algo.loss.is_cap=0"], "algo.loss.is_cap=0.0; allowed: a number > 0"),
     (["algo=decoupled", "algo.loss.prox=ewma", "algo.loss.prox_beta=1.0"], "algo.loss.prox_beta=1.0; allowed: null"),
     (["algo.loss.prox_beta=0"], "algo.loss.prox_beta"),
+    (["actor.refresh_lag=-1"], "actor.refresh_lag=-1; allowed: null or an integer >= 0"),
+    (["actor.sync_min_lag=3", "actor.refresh_lag=2"], "actor.sync_min_lag=3; allowed: an integer in [0, "
+                                                       "actor.refresh_lag = 2]"),
+    (["actor.sync_min_lag=-1"], "actor.sync_min_lag=-1; allowed: an integer >= 0"),
     (["learner.max_kl_behavior=0"], "learner.max_kl_behavior=0.0; allowed: null or a number > 0"),
     (["learner.lr_schedule=kl_adaptive"], "learner.kl_target=null; allowed: a number > 0 with"),
     (["learner.lr_schedule=kl_adaptive", "learner.kl_target=0.01", "learner.lr=0.05"], "learner.lr=0.05; allowed: a "

@@ -45,13 +45,18 @@ def test_a_bundle_carries_each_kind_of_message_in_order_and_bad_bundles_are_refu
     msgs = [wire.produced(9, (256, 256, 0), [(1, 12.5, 30), (5, -3.0, 7)]),
             wire.sent(9, (256, 224, 32), 2, 160, 32),
             wire.frag(9, (256, 224, 0), 4, fid, 1),
-            wire.done(9, (256, 0, 0))]
+            wire.done(9, (256, 0, 0)),
+            wire.discarded(9, (296, 0, 0), 40, 191, [(0, 4.0, 9)])]
     data = wire.bundle(msgs)
     # by hand: a 40-byte head of kind 7, then each message prefixed by its length as a little-endian uint32
     assert struct.unpack_from("<q", data, 0)[0] == 7
     assert len(data) == 40 + sum(4 + len(m) for m in msgs)
     parts = [wire.parse(p) for p in wire.split(data)]
-    assert [p.kind for p in parts] == [1, 2, 3, 5]
+    assert [p.kind for p in parts] == [1, 2, 3, 5, 8]
+    assert (parts[4].discarded, parts[4].skip_to, parts[4].books) == (40, 191, (296, 0, 0))
+    assert parts[4].episodes["length"].tolist() == [9]
+    with pytest.raises(ValueError):
+        wire.parse(msgs[4][:-1])  # a DISCARDED body of the wrong size
     assert parts[0].books == (256, 256, 0) and parts[0].episodes["ret"].tolist() == [12.5, -3.0]
     assert parts[0].episodes["length"].tolist() == [30, 7]
     assert parts[1].sent == (2, 160, 32) and parts[1].books == (256, 224, 32)

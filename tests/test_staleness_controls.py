@@ -109,8 +109,27 @@ def test_kl_adaptive_follows_sample_factorys_rule_within_the_bounds():
     for _ in range(5):
         ln._adapt_lr(0.001)  # < target / 2: x 1.5, capped at lr_max
     assert lr() == pytest.approx(2e-3)
-    m = ln.update(_frags())  # an update keeps adapting (and never anneals)
-    assert 5e-4 <= m["charts/lr"] <= 2e-3
+
+
+
+def test_kl_adaptive_adapts_once_per_update_on_how_far_the_update_moved_the_policy():
+    """The KL the rule reads is KL(start || end) of the whole update, measured after it (not a minibatch's
+    pre-step forward pass, which reads 0 on the first minibatch): written here from the weights before and after."""
+    cfg = cfg_of(learner={"lr": 1e-3, "lr_schedule": "kl_adaptive", "kl_target": 1e-9, "epochs": 3})
+    ln = Learner(cfg, env_spec(cfg))
+    frags = _frags()
+    b = ln._batch(frags)
+    with torch.no_grad():
+        start = ln.model.logp_entropy(b.obs, b.actions)[0]
+    m = ln.update(frags)
+    with torch.no_grad():
+        end = ln.model.logp_entropy(b.obs, b.actions)[0]
+    assert m["learner/update_kl"] == pytest.approx(float(algo.approx_kl_k3(end, start)), rel=1e-6)
+    assert m["learner/update_kl"] > 2e-9 and ln.opt.param_groups[0]["lr"] == pytest.approx(1e-3 / 1.5)  # once
+    cfg = cfg_of(learner={"lr": 1e-3, "lr_schedule": "kl_adaptive", "kl_target": 10.0, "epochs": 3})
+    ln = Learner(cfg, env_spec(cfg))
+    ln.update(_frags())
+    assert ln.opt.param_groups[0]["lr"] == pytest.approx(1.5e-3)  # far under target: up, once
 
 
 def test_fragment_kl_is_the_k3_estimate_under_the_current_policy():
@@ -161,3 +180,144 @@ def test_kl_past_the_cap_forces_a_publication_between_broadcasts(tmp_path):
     never = run(_small(learner={"broadcast_every": 4}, total_env_steps=16384), tmp_path / "plain")
     plain = pd.read_parquet(tmp_path / "plain" / "metrics.parquet")
     assert df["lag/mean"].mean() < plain["lag/mean"].mean() and never["transport"]["balanced"]
+
+
+# ---- the actor side: forced refresh (actor.refresh_lag) and minimum sync interval (actor.sync_min_lag) ----------
+from laglab.accounting import Budget, Ledger  # noqa: E402
+from laglab.actor import Actor  # noqa: E402
+from laglab.chaos import ChaosCounts  # noqa: E402
+from laglab.runners.worker import Incarnation  # noqa: E402
+import threading  # noqa: E402
+
+
+def _actor_cfg(**actor) -> Config:
+    base = {"actors": 1, "total_env_steps": 4096, "actor": {"envs_per_actor": 3, "rollout_len": 16, **actor},
+            "learner": {"batch_size": 48, "minibatches": 2},
+            "tracking": {"console_every_s": 1e9, "wandb": {"mode": "disabled"}}}
+    return validate(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(base)))
+
+
+def _snap(cfg, version):
+    ln = Learner(cfg, env_spec(cfg))
+    ln.version = version
+    return ln.snapshot()
+
+
+def _newest_after(k, before, after):
+    """A scripted newest(): ``before`` for the first k questions, ``after`` from then on."""
+    calls = []
+
+    def newest():
+        calls.append(1)
+        return before if len(calls) <= k else after
+    return newest
+
+
+def test_a_rollout_whose_snapshot_goes_stale_is_discarded_and_the_envs_go_on_from_there():
+    cfg = _actor_cfg(refresh_lag=1)
+    actor = Actor(cfg, 0, 1)
+    actor.load(_snap(cfg, 0))
+    ro = actor.collect(newest=_newest_after(5, 1, 2))  # at step 5 the newest is 2 versions ahead: > refresh_lag
+    assert ro.fragments == [] and ro.discarded == ro.steps == 5 * 3
+    assert actor.stats.refreshes == 1 and actor.stats.discarded_steps == 15 and actor.stats.steps == 15
+    assert ro.skipped == ((0, 15), (1, 15), (2, 15))  # the streams' counters pass a whole rollout: aligned
+    actor.load(_snap(cfg, 2))
+    nxt = actor.collect(newest=lambda: 2)
+    assert [f.id.t_start for f in nxt.fragments] == [16, 16, 16]
+    assert all(f.id.behavior_version == 2 for f in nxt.fragments)
+    # the env went on from where the discarded rollout stopped: 5 steps, so its episode clock says so
+    assert all(f.id.episode_t0 == 5 for f in nxt.fragments if f.id.episode_id == 0)
+    lagging = actor.collect(newest=lambda: 3)  # one version behind is within refresh_lag: kept
+    assert len(lagging.fragments) == 3 and lagging.discarded == 0
+
+
+def test_without_refresh_lag_nothing_is_discarded_however_stale():
+    cfg = _actor_cfg()
+    actor = Actor(cfg, 0, 1)
+    actor.load(_snap(cfg, 0))
+    assert len(actor.collect(newest=lambda: 100).fragments) == 3
+
+
+def test_sync_min_lag_keeps_the_snapshot_until_the_newest_is_more_than_k_ahead():
+    cfg = _actor_cfg(sync_min_lag=2, refresh_lag=4)
+    actor = Actor(cfg, 0, 1)
+    assert actor.wants(0)  # nothing loaded yet
+    actor.load(_snap(cfg, 0))
+    assert [actor.wants(v) for v in (0, 1, 2, 3)] == [False, False, False, True]
+    assert _actor_cfg().actor.sync_min_lag == 0 and Actor(_actor_cfg(), 0, 1).wants(0)
+
+
+def test_a_discarded_rollout_is_produced_and_dropped_for_refresh_in_the_books():
+    cfg = _actor_cfg(refresh_lag=0)
+    ledger = Ledger(16, 3, 64)
+    budget = Budget(cfg.total_env_steps)
+    inc = Incarnation(cfg, 0, ledger, ChaosCounts(), threading.Lock())
+    sink = type("T", (), {"add_episodes": lambda self, eps, used: None})()
+    assert inc.produce(_snap(cfg, 0), budget, sink, endpoint=None, wait_hung=lambda: None,
+                       newest=_newest_after(3, 0, 1))
+    assert ledger.produced == 9 and ledger.dropped["refresh"] == 9 and ledger.in_hand == 0
+    assert budget.used == 9  # the rest of the rollout's reservation went back
+    assert inc.in_hand == [] and inc.stats.refreshes == 1
+    # each stream passes the skipped range: neither lost (sent - arrived) nor claimable by a later arrival
+    assert ledger.lost(0) == 0 and all(s.sent == 16 for s in ledger.streams.values()) and len(ledger.streams) == 3
+
+
+def _latency(runner, **over):
+    base = {"actors": 2, "total_env_steps": 8192, "env": {"id": "laglab/Latency-v0", "latency_ms": [0.5]},
+            "actor": {"envs_per_actor": 4, "rollout_len": 16, "refresh_lag": 0},
+            "learner": {"batch_size": 256, "minibatches": 2, "epochs": 1},
+            "runner": {"name": runner}, "tracking": {"console_every_s": 1e9, "wandb": {"mode": "disabled"}}}
+    return validate(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(base), OmegaConf.create(over)))
+
+
+@pytest.mark.parametrize("runner", ["thread", "process", "ray"])
+def test_forced_refresh_on_a_runner_keeps_exact_books_and_reports_per_actor(tmp_path, runner):
+    if runner == "ray":
+        pytest.importorskip("ray")
+        import conftest
+        conftest.ray_up()
+    s = run(_latency(runner), tmp_path)
+    t = s["transport"]
+    assert t["balanced"] and t["worst_unaccounted_at_update"] == 0
+    # two actors of 32 ms rollouts and a learner publishing every 4 rollouts: publications land mid-rollout
+    assert t["dropped"].get("refresh", 0) > 0
+    actors = pd.read_parquet(tmp_path / "actors.parquet")
+    last = actors.sort_values("update").groupby("actor").tail(1)
+    assert last["refreshes"].sum() > 0 and (last["snapshot_s"] > 0).all()
+    assert last["discarded_steps"].sum() <= t["dropped"]["refresh"]  # (the last rows are read at an update)
+
+
+def test_the_throttle_counts_timesteps_as_the_credit_watermark_does():
+    """A discarded rollout advances the streams by a whole rollout; the credit the learner gives is the watermark
+    (t_end + 1) x envs, so the actor's side of the lead counts the skipped timesteps too (else every discard would
+    loosen max_lead_steps for good)."""
+    cfg = _actor_cfg(refresh_lag=0)
+    actor = Actor(cfg, 0, 1)
+    actor.load(_snap(cfg, 0))
+    ro = actor.collect(newest=_newest_after(5, 0, 1))
+    assert ro.padding == (16 - 5) * 3
+    actor.load(_snap(cfg, 1))
+    full = actor.collect(newest=lambda: 1)
+    watermark = (full.fragments[0].id.t_end + 1) * 3  # what learner.take credits once these arrive
+    assert ro.steps + ro.padding + full.steps == watermark
+
+
+def test_under_a_fixed_lag_the_kl_cap_syncs_the_actors_instead_of_starving_the_learner(tmp_path):
+    s = run(_small(actor={"fixed_lag": 2}, learner={"lr": 0.01, "max_kl_behavior": 2e-3}), tmp_path)
+    t = s["transport"]
+    assert t["balanced"] and t["kl_forced_publications"] > 0
+    assert t["admitted"] > 0.5 * t["produced"]  # it trains: capped data is replaced by fresh data
+    df = pd.read_parquet(tmp_path / "metrics.parquet")
+    assert df["lag/mean"].mean() < 2  # the lag is reset on a sync and grows back towards 2
+
+
+def test_a_saved_config_of_an_older_laglab_is_read_in_todays_keys(tmp_path):
+    from laglab.config import upgrade_saved
+    from laglab.evaluate import run_config
+    old = OmegaConf.to_container(OmegaConf.structured(Config), resolve=True, enum_to_str=True)
+    old["learner"].pop("lr_schedule")
+    old["learner"]["anneal_lr"] = False
+    (tmp_path / ".hydra").mkdir()
+    OmegaConf.save(OmegaConf.create(old), tmp_path / ".hydra" / "config.yaml")
+    assert run_config(tmp_path).learner.lr_schedule.value == "constant"  # evaluate.py reads old runs
+    assert upgrade_saved(OmegaConf.create({"learner": {"anneal_lr": True}})).learner.lr_schedule == "linear"

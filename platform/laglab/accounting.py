@@ -129,6 +129,17 @@ class Ledger:
             self.in_hand -= steps
             self.dropped[reason] += steps
 
+    def skip(self, inc: int, env_index: int, t_end: int) -> None:
+        """A stream's next range, up to ``t_end``, will never be sent (a rollout discarded part-way, whose steps
+        the producer books as dropped): the watermark passes it and it counts as arrived, so it is neither lost
+        in transit nor claimable by an arrival."""
+        s = self.streams.setdefault((inc, env_index), Stream())
+        if t_end + 1 > s.sent:
+            s.arrived += t_end + 1 - s.sent
+            for t in range(max(s.sent, t_end + 1 - self.rollout_len), t_end + 1, self.rollout_len):
+                self._remember(s, t)  # an arrival claiming it is a duplicate, not a first copy
+            s.sent = t_end + 1
+
     # ---- the receiving endpoint ---------------------------------------------------------------------
     def _stream_of(self, frag) -> Optional[Stream]:
         try:
@@ -159,14 +170,8 @@ class Ledger:
         """Record an arrival classified by :meth:`classify` (under the same hold of ``lock``)."""
         if cls == FIRST:
             s = self._stream_of(frag)
-            t = frag.id.t_start
             s.arrived += self.rollout_len
-            s.order.append(t)
-            s.seen.add(t)
-            if len(s.order) > self.window:
-                old = s.order.popleft()
-                s.seen.discard(old)
-                s.floor = max(s.floor, old)
+            self._remember(s, frag.id.t_start)
         elif cls == DUPLICATE:
             self.duplicates += 1
         elif cls == TOO_OLD:
@@ -176,6 +181,14 @@ class Ledger:
                 self.unattributed += max(0, int(frag.id.t_end) - int(frag.id.t_start) + 1)
             except Exception:  # noqa: BLE001
                 pass
+
+    def _remember(self, s: Stream, t: int) -> None:
+        s.order.append(t)
+        s.seen.add(t)
+        if len(s.order) > self.window:
+            old = s.order.popleft()
+            s.seen.discard(old)
+            s.floor = max(s.floor, old)
 
     def has_arrived(self, frag) -> bool:
         s = self.streams.get((frag.id.incarnation, frag.id.env_index))

@@ -31,6 +31,9 @@ class Rollout:
     steps: int
     env_s: float  # wall seconds in env.step
     infer_s: float  # wall seconds in policy inference
+    discarded: int = 0  # steps taken and thrown away: the snapshot went stale mid-rollout (actor.refresh_lag)
+    skipped: Tuple[Tuple[int, int], ...] = ()  # (env index, t_end) of each stream's range that is never sent
+    padding: int = 0  # timesteps the streams' counters advanced past the steps taken (the throttle counts them)
 
 
 @dataclass
@@ -44,7 +47,9 @@ class ActorStats:
     blocked_s: float = 0.0  # waiting for room in the queue
     version: int = -1
     loads: int = 0
-    snapshot_s: float = 0.0  # copying snapshots in (process runner)
+    snapshot_s: float = 0.0  # fetching and loading snapshots (the practitioner's "waiting on parameters")
+    refreshes: int = 0  # rollouts discarded because the snapshot went stale (actor.refresh_lag)
+    discarded_steps: int = 0  # their steps
 
 
 def lead(produced: int, consumed: Mapping[int, int], incarnation: int) -> int:
@@ -84,13 +89,28 @@ class Actor:
         if not self.spec.discrete:
             self._low, self._high = self.spec.action_low, self.spec.action_high
 
-    def load(self, snap: Snapshot) -> None:
-        """Switch to ``snap`` (between rollouts only: a fragment is collected by exactly one version)."""
+    def load(self, snap: Snapshot, fetch_s: float = 0.0) -> None:
+        """Switch to ``snap`` (between rollouts only: a fragment is collected by exactly one version).
+        ``fetch_s``: what getting ``snap`` cost the caller (a shared-memory read, an object-store get), booked
+        with the load in ``stats.snapshot_s``."""
         if self.snapshot is None or snap.version != self.snapshot.version:
+            t0 = time.perf_counter()
             self.policy = InferencePolicy(snap, self.spec, self.cfg.policy.activation)
             self.snapshot = snap
             self.stats.version = snap.version
             self.stats.loads += 1
+            fetch_s += time.perf_counter() - t0
+        self.stats.snapshot_s += fetch_s
+
+    def wants(self, newest: int) -> bool:
+        """Whether to load the newest snapshot (version ``newest``) before the next rollout: always when none is
+        loaded; else when it is more than ``actor.sync_min_lag`` versions ahead (0: whenever it is newer)."""
+        return self.snapshot is None or newest - self.snapshot.version > self.cfg.actor.sync_min_lag
+
+    def stale(self, newest: int) -> bool:
+        """``actor.refresh_lag``: the snapshot is more than that many versions behind ``newest``."""
+        n = self.cfg.actor.refresh_lag
+        return n is not None and self.snapshot is not None and newest - self.snapshot.version > n
 
     def _norm(self, obs: np.ndarray) -> np.ndarray:
         s = self.snapshot
@@ -98,10 +118,18 @@ class Actor:
             return normalize(obs, s.obs_mean, s.obs_var, self.cfg.env.obs_clip)
         return obs
 
-    def collect(self, envs: Optional[Sequence[int]] = None) -> Rollout:
+    def collect(self, envs: Optional[Sequence[int]] = None, newest: Optional[Callable[[], int]] = None,
+                check_every: int = 1) -> Rollout:
         """One rollout of ``rollout_len`` steps of the env instances ``envs`` (default: all of them, in
         lockstep); one fragment per env instance. The others do not step (the sync runner fills a batch
-        from exactly the env instances it needs)."""
+        from exactly the env instances it needs).
+
+        ``newest()``: the newest published version, asked before every ``check_every``-th step when
+        ``actor.refresh_lag`` is set; once the snapshot is more than refresh_lag versions behind it, the rollout
+        stops there and is discarded: no fragments, ``discarded`` = its steps (the envs keep their state; the
+        next fragment of each env starts where this one stopped). The streams' timestep counters still advance by a
+        whole rollout, so fragments stay aligned to ``rollout_len`` and the skipped range is named in ``skipped``
+        for the books (never sent, never lost); the fragment before and the one after are not adjacent."""
         assert self.snapshot is not None, "load a snapshot first"
         sel = slice(None) if envs is None else np.asarray(envs, dtype=np.int64)
         index = np.arange(self.envs.n)[sel]
@@ -123,9 +151,12 @@ class Actor:
         env_s = infer_s = 0.0
         obs = self.obs[sel]
         beat = self.heartbeat
+        check = newest if self.cfg.actor.refresh_lag is not None else None
         for step in range(T):
             if beat is not None:
                 beat()
+            if check is not None and step % check_every == 0 and self.stale(check()):
+                return self._discard(sel, index, obs, start_t, step, episodes, env_s, infer_s)
             t0 = time.perf_counter()
             a_np, logp, v, mean, log_std = self.policy.act(self._norm(obs), self.rng)
             if spec.discrete:
@@ -205,6 +236,26 @@ class Actor:
         st.env_s += env_s
         st.infer_s += infer_s
         return Rollout(frags, episodes, T * E, env_s, infer_s)
+
+    def _discard(self, sel, index: np.ndarray, obs: np.ndarray, start_t: np.ndarray, taken: int,
+                 episodes: List[Episode], env_s: float, infer_s: float) -> Rollout:
+        self.obs[sel] = obs
+        T = self.cfg.actor.rollout_len
+        skipped: Tuple[Tuple[int, int], ...] = ()
+        padding = 0
+        if taken:
+            padding = (T - taken) * len(index)
+            self.t[sel] = start_t + T
+            skipped = tuple((int(e), int(t) + T - 1) for e, t in zip(index, start_t))
+        steps = taken * len(index)
+        st = self.stats
+        st.steps += steps
+        st.episodes += len(episodes)
+        st.env_s += env_s
+        st.infer_s += infer_s
+        st.refreshes += 1
+        st.discarded_steps += steps
+        return Rollout([], episodes, steps, env_s, infer_s, discarded=steps, skipped=skipped, padding=padding)
 
     def close(self) -> None:
         self.envs.close()

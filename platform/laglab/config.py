@@ -120,6 +120,12 @@ class ActorConfig:
     # lag as an independent variable: act with the snapshot exactly this many publications behind the newest
     # (the store keeps the last fixed_lag + 1); null = the newest
     fixed_lag: Optional[int] = None
+    # seed 004's forced refresh: while collecting, an actor whose snapshot falls more than refresh_lag versions
+    # behind the newest discards the rollout in progress (booked as "refresh") and loads the newest; null = never
+    refresh_lag: Optional[int] = None
+    # seed 004's minimum sync interval: keep acting with the snapshot until the newest is more than this many
+    # versions ahead (0 = load every new version, as without it)
+    sync_min_lag: int = 0
 
 
 @dataclass
@@ -137,7 +143,8 @@ class LearnerConfig:
     max_policy_lag: Optional[int] = None  # drop transitions older than this many versions; null = keep all
     target_kl: Optional[float] = None  # stop the epochs of an update early past this approx KL
     # drop fragments whose KL(behavior || current) exceeds this before the update (booked as "kl"), and when one
-    # arrives while a newer version is unpublished (broadcast_every > 1), publish it at once; null = keep all
+    # arrives while the actors act with an older version than the learner's (broadcast_every > 1, fixed_lag),
+    # publish the newest to them at once; null = keep all
     max_kl_behavior: Optional[float] = None
     checkpoint: bool = True  # checkpoints/final.pt at the end
     checkpoint_every: int = 0  # also checkpoints/latest.pt every N updates (0 = never)
@@ -330,6 +337,18 @@ RENAMED = {"learner.anneal_lr": "learner.lr_schedule=linear (was anneal_lr=true)
                                 "(was anneal_lr=false)"}
 
 
+def upgrade_saved(cfg: DictConfig) -> DictConfig:
+    """A run's saved config (``.hydra/config.yaml``) written by an older laglab, in today's keys:
+    ``learner.anneal_lr: true | false`` is ``learner.lr_schedule: linear | constant``. (A command line with an old
+    key is refused, naming the new one: see RENAMED.)"""
+    learner = cfg.get("learner")
+    if isinstance(learner, DictConfig) and "anneal_lr" in learner:
+        value = learner.pop("anneal_lr")
+        if "lr_schedule" not in learner:
+            learner.lr_schedule = "linear" if value else "constant"
+    return cfg
+
+
 def unknown_key_message(key: str, schema: type, candidates: Optional[List[str]] = None) -> str:
     """``invalid config: unknown key K; allowed under P: ...; did you mean X?`` for a key ``schema`` lacks
     (``candidates``: the dotted keys to suggest from; default: the keys of laglab's schema)."""
@@ -412,11 +431,19 @@ def validate(cfg: Any) -> Config:
     _require(lr.max_kl_behavior is None or lr.max_kl_behavior > 0, "learner.max_kl_behavior", "null or a number > 0",
              lr.max_kl_behavior)
     _require(lr.kl_target is None or lr.kl_target > 0, "learner.kl_target", "null or a number > 0", lr.kl_target)
+    _require(lr.kl_target is None or lr.lr_schedule == LrSchedule.kl_adaptive, "learner.kl_target",
+             "null unless learner.lr_schedule=kl_adaptive (it is the KL that schedule steers to; learner.target_kl "
+             "stops an update's epochs early)", lr.kl_target)
+    _require(lr.max_kl_behavior is None or a.sync_min_lag == 0, "learner.max_kl_behavior",
+             "null with actor.sync_min_lag > 0 (actors keeping an old snapshot would send only data the cap drops)",
+             lr.max_kl_behavior)
     if lr.lr_schedule == LrSchedule.kl_adaptive:
         _require(lr.kl_target is not None, "learner.kl_target",
                  "a number > 0 with learner.lr_schedule=kl_adaptive (the KL the rule steers to, e.g. 0.01)",
                  lr.kl_target)
-        _require(0 < lr.lr_min <= lr.lr <= lr.lr_max, "learner.lr",
+        _require(0 < lr.lr_min <= lr.lr_max, "learner.lr_min", f"a number in (0, learner.lr_max = {lr.lr_max:g}]",
+                 lr.lr_min)
+        _require(lr.lr_min <= lr.lr <= lr.lr_max, "learner.lr",
                  f"a number in [learner.lr_min, learner.lr_max] = [{lr.lr_min:g}, {lr.lr_max:g}] with "
                  "learner.lr_schedule=kl_adaptive (the rule adapts it within those bounds)", lr.lr)
     _require(0.0 <= al.gamma <= 1.0, "algo.advantage.gamma", "a number in [0, 1]", al.gamma)
@@ -433,6 +460,8 @@ def validate(cfg: Any) -> Config:
     _require(ac.loss.is_cap > 0, "algo.loss.is_cap", "a number > 0", ac.loss.is_cap)
     _require(ac.loss.prox_beta is None or 0.0 < ac.loss.prox_beta < 1.0, "algo.loss.prox_beta",
              "null (auto) or a number in (0, 1)", ac.loss.prox_beta)
+    _require(ac.loss.prox_beta is None or ac.loss.prox == Prox.ewma, "algo.loss.prox_beta",
+             "null unless algo.loss.prox=ewma (the decay of the EWMA proximal policy)", ac.loss.prox_beta)
     _require(ac.loss.max_grad_norm > 0, "algo.loss.max_grad_norm", "a number > 0", ac.loss.max_grad_norm)
     _require(
         c.policy.activation in ACTIVATIONS, "policy.activation", " | ".join(ACTIVATIONS), c.policy.activation
@@ -460,6 +489,12 @@ def validate(cfg: Any) -> Config:
             a.max_lead_steps,
         )
     _require(a.fixed_lag is None or a.fixed_lag >= 0, "actor.fixed_lag", "null or an integer >= 0", a.fixed_lag)
+    _require(a.refresh_lag is None or a.refresh_lag >= 0, "actor.refresh_lag", "null or an integer >= 0",
+             a.refresh_lag)
+    _require(a.sync_min_lag >= 0, "actor.sync_min_lag", "an integer >= 0", a.sync_min_lag)
+    _require(a.refresh_lag is None or a.sync_min_lag <= a.refresh_lag, "actor.sync_min_lag",
+             f"an integer in [0, actor.refresh_lag = {a.refresh_lag}] (an actor keeping a snapshot longer than "
+             "refresh_lag would discard every rollout)", a.sync_min_lag)
     fixed = (a.fixed_lag or 0) * lr.broadcast_every
     _require(
         lr.max_policy_lag is None or a.fixed_lag is None or lr.max_policy_lag >= fixed + lr.broadcast_every - 1,

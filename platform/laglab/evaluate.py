@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 from omegaconf import OmegaConf
 
-from .config import Config, ConfigError, lead_batches, validate
+from .config import Config, ConfigError, lead_batches, upgrade_saved, validate
 from .envs import EnvSpec, make_env, normalize
 from .inference import InferencePolicy, Snapshot
 
@@ -25,7 +25,7 @@ def run_config(run_dir: Path, overrides: Sequence[str] = ()) -> Config:
     if not path.is_file():
         raise ConfigError(f"invalid run dir: {run_dir} has no .hydra/config.yaml (is it a laglab run dir?)")
     OmegaConf.register_new_resolver("lead_batches", lead_batches, replace=True)  # as train.py does
-    cfg = OmegaConf.load(path)
+    cfg = upgrade_saved(OmegaConf.load(path))
     if overrides:
         bad = [o for o in overrides if "=" not in o]
         if bad:

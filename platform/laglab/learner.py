@@ -346,8 +346,6 @@ class Learner:
                 with torch.no_grad():  # how far this update moved the policy (staleness is lag/kl_behavior)
                     kl = float(algo.approx_kl_k3(logp, b_start[idx]))
                 kl_epoch.append(kl)
-                if lc.lr_schedule == LrSchedule.kl_adaptive:
-                    self._adapt_lr(kl)
                 sums["policy_loss"] += float(info.loss.detach())
                 sums["value_loss"] += float(v_loss.detach())
                 sums["entropy"] += float(ent_m.detach())
@@ -361,6 +359,11 @@ class Learner:
             if lc.target_kl is not None and np.mean(kl_epoch) > lc.target_kl:
                 break
 
+        update_kl = None
+        if lc.lr_schedule == LrSchedule.kl_adaptive:  # how far the whole update moved the policy, measured after it
+            with torch.no_grad():
+                update_kl = float(algo.approx_kl_k3(self.model.logp_entropy(obs, actions)[0], b_start))
+            self._adapt_lr(update_kl)
         if cfg.env.normalize_obs:  # new statistics take effect at the next publication (see snapshot)
             self.obs_rms.update(np.concatenate([f.obs for f in frags]))
         self.version += 1
@@ -381,16 +384,19 @@ class Learner:
             "learner/update_s": time.perf_counter() - t_start,
             "learner/version": float(self.version),
         })
+        if update_kl is not None:
+            m["learner/update_kl"] = update_kl
         if audit:
             m["transport/audit_misattributed"] = float(misattributed)
         return m
 
     def _adapt_lr(self, kl: float) -> None:
-        """``lr_schedule=kl_adaptive``, Sample Factory's rule (its ``kl_adaptive_minibatch``), after every minibatch
-        step: past 2 x kl_target the learning rate is divided by 1.5, under kl_target / 2 multiplied by 1.5, within
-        [lr_min, lr_max]. The KL is how far this update has moved the policy (k3, against the policy at the start
-        of the update); Sample Factory measures it against the behavior policy, which in an asynchronous run also
-        counts the lag."""
+        """``lr_schedule=kl_adaptive``: Sample Factory's rule (its ``kl_adaptive_epoch``), once per update, for the
+        next one: past 2 x kl_target the learning rate is divided by 1.5, under kl_target / 2 multiplied by 1.5,
+        within [lr_min, lr_max]. ``kl`` is how far the update just done moved the policy — KL(start || end), k3,
+        over the whole batch, measured after its last step. (Sample Factory measures it against the behavior
+        policy, which in an asynchronous run counts the lag too; measured in the minibatch's own forward pass,
+        before its step, the first minibatch of every update reads 0 and would push the rate up.)"""
         lc = self.cfg.learner
         for g in self.opt.param_groups:
             if kl > 2.0 * lc.kl_target:

@@ -18,10 +18,11 @@ import numpy as np
 
 from .fragment import FragmentId
 
-PRODUCED, SENT, FRAG, ERROR, DONE, STARTED, BUNDLE = 1, 2, 3, 4, 5, 6, 7
+PRODUCED, SENT, FRAG, ERROR, DONE, STARTED, BUNDLE, DISCARDED = 1, 2, 3, 4, 5, 6, 7, 8
 _LEN = struct.Struct("<I")
 _HEAD = struct.Struct("<qqqqq")  # kind, incarnation, produced, in_hand, link
 _SENT = struct.Struct("<qqq")  # env_index, t_end, steps
+_DISCARD = struct.Struct("<qq")  # steps, t_end
 _FRAG = struct.Struct("<qqqqqqqqqqq")  # slot, actor, incarnation, env, episode, episode_t0, t_start, t_end, version,
 #                                        schema, k
 _EPISODE = np.dtype([("env_index", "<i8"), ("ret", "<f8"), ("length", "<i8")])
@@ -38,6 +39,8 @@ class Message:
     sent: Optional[Tuple[int, int, int]] = None  # env_index, t_end, steps
     episodes: Optional[np.ndarray] = None
     text: str = ""
+    discarded: int = 0  # DISCARDED: steps produced and thrown away (a stale snapshot, actor.refresh_lag) ...
+    skip_to: int = -1  # ... and the t_end every env's stream skips to
 
 
 def _head(kind: int, inc: int, books: Tuple[int, int, int]) -> bytes:
@@ -47,6 +50,14 @@ def _head(kind: int, inc: int, books: Tuple[int, int, int]) -> bytes:
 def produced(inc: int, books, episodes: List[Tuple[int, float, int]]) -> bytes:
     arr = np.array(episodes, dtype=_EPISODE) if episodes else np.zeros(0, _EPISODE)
     return _head(PRODUCED, inc, books) + arr.tobytes()
+
+
+def discarded(inc: int, books, steps: int, t_end: int, episodes: List[Tuple[int, float, int]]) -> bytes:
+    """A rollout stopped and thrown away (its snapshot went stale): ``books`` count its steps as produced, not in
+    hand; the learner books them as dropped for ``refresh`` when it takes these books, and skips every env's
+    stream to ``t_end`` (the process runner's envs step in lockstep)."""
+    arr = np.array(episodes, dtype=_EPISODE) if episodes else np.zeros(0, _EPISODE)
+    return _head(DISCARDED, inc, books) + _DISCARD.pack(steps, t_end) + arr.tobytes()
 
 
 def sent(inc: int, books, env_index: int, t_end: int, steps: int) -> bytes:
@@ -121,6 +132,13 @@ def parse(data: bytes) -> Message:
         if len(body) % _EPISODE.itemsize:
             raise ValueError("PRODUCED body size")
         m.episodes = np.frombuffer(body, dtype=_EPISODE)
+    elif kind == DISCARDED:
+        if len(body) < _DISCARD.size or (len(body) - _DISCARD.size) % _EPISODE.itemsize:
+            raise ValueError("DISCARDED body size")
+        m.discarded, m.skip_to = _DISCARD.unpack_from(body, 0)
+        if m.discarded < 0:
+            raise ValueError("DISCARDED steps < 0")
+        m.episodes = np.frombuffer(body[_DISCARD.size:], dtype=_EPISODE)
     elif kind == ERROR:
         m.text = body.decode("utf-8", "replace")
     elif kind not in (DONE, STARTED):

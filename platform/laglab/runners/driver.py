@@ -63,6 +63,7 @@ class LearnerDriver:
         self._kl_offered: List[float] = []  # KL(behavior || current) of the fragments offered since the last update
         self.kl_publications = 0  # publications forced by learner.max_kl_behavior between broadcast_every's
         self._published = learner.version  # the newest version published
+        self._acting = learner.version  # the version the actors are given (history[0] under actor.fixed_lag)
         self._t_last = time.perf_counter()
         self.wait_s = 0.0
         self.compute_s = 0.0
@@ -94,9 +95,9 @@ class LearnerDriver:
                 if first:
                     self.dropped["kl"] += frag.length
                     self._kl_dropped += frag.length
-                if self.learner.version > self._published:  # seed 004: past the cap, sync the actors at once
+                if self._acting < self.learner.version:  # seed 004: past the cap, sync the actors at once
                     self.kl_publications += 1
-                    self._publish()
+                    self._publish(sync=True)
                 return None
         self._kept += frag.length
         self.pending.append((frag, first))
@@ -194,15 +195,29 @@ class LearnerDriver:
         self._t_last = time.perf_counter()
         return row
 
-    def _publish(self) -> None:
+    def _publish(self, sync: bool = False) -> None:
+        """Publish the learner's policy. The actors get it, or under ``actor.fixed_lag=k`` the snapshot k
+        publications back; ``sync`` (a fragment past ``learner.max_kl_behavior``): the actors get the newest
+        whatever ``fixed_lag`` says, and the lag then grows back to k over the next publications (under a fixed
+        lag a cap that only dropped data would starve the learner: nothing fresher would ever come)."""
+        if sync and self.learner.version == self._published:  # nothing new to freeze: re-send the newest
+            self._history.clear()
+            newest = self.learner.snapshot()  # the newest publication (its statistics are the frozen ones)
+            self._history.append(newest)
+            self._acting = newest.version
+            self.publish(newest)
+            return
         with self.ledger.lock:  # throttle credit is for live incarnations: forget the retired ones'
             gone = [i for i in self.learner.consumed if i not in self.ledger.owner]
         for inc in gone:
             del self.learner.consumed[inc]
         newest = self.learner.publish_snapshot()
         self._published = newest.version
+        if sync:
+            self._history.clear()
         self._history.append(newest)
         acting = self._history[0]
+        self._acting = acting.version
         self.publish(acting if acting is newest else dataclasses.replace(acting, consumed=newest.consumed))
 
     def close(self) -> Balance:

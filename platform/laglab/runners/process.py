@@ -190,7 +190,8 @@ class _Runner:
             st = ActorStats(steps=int(r["steps"]), rollouts=int(r["rollouts"]), episodes=int(r["episodes"]),
                             env_s=r["env_s"], infer_s=r["infer_s"], throttle_s=r["throttle_s"],
                             blocked_s=r["blocked_s"], version=int(r["version"]) if r["loads"] else -1,
-                            loads=int(r["loads"]), snapshot_s=r["snapshot_s"])
+                            loads=int(r["loads"]), snapshot_s=r["snapshot_s"], refreshes=int(r["refreshes"]),
+                            discarded_steps=int(r["discarded_steps"]))
             s.stats = st
             out[s.actor_id] = st
             timeline.mark_min("first_env_step", r["first_step"])
@@ -270,7 +271,11 @@ class _Runner:
             if m.kind == wire.SENT:
                 env_index, t_end, _ = m.sent
                 led.mark_sent(child.inc, env_index, t_end)
-        if m.kind == wire.PRODUCED:
+            elif m.kind == wire.DISCARDED:  # its steps came as produced with these books: booked in the same hold
+                led.book("dropped", "refresh", m.discarded)
+                for env_index in range(self.cfg.actor.envs_per_actor):
+                    led.skip(child.inc, env_index, m.skip_to)
+        if m.kind in (wire.PRODUCED, wire.DISCARDED):
             self.tracker.add_episodes([Episode(child.actor_id, int(e["env_index"]), float(e["ret"]), int(e["length"]))
                                        for e in m.episodes], self.counter.used)
         elif m.kind == wire.STARTED:

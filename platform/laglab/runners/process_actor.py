@@ -128,7 +128,7 @@ class _Loop:
         self.status, self.budget, self.codec, self.ch, self.books = status, budget, codec, ch, books
         self.conn, self.bell, self.lifeline = conn, bell, lifeline
         self.version = -1
-        self.snapshot_s = 0.0
+        self.padding = 0  # timesteps skipped past the steps taken (discarded rollouts): credit counts timesteps
         self.poll = min(0.002, cfg.runner.poll_s)
         self.idle_s = max(self.poll, cfg.runner.poll_s)  # longest wait for the bell (beats and checks in between)
         self.out: List[bytes] = []  # messages not yet sent (see flush)
@@ -146,7 +146,7 @@ class _Loop:
         st, c = self.actor.stats, self.ch.counts
         row = dict(steps=st.steps, rollouts=st.rollouts, episodes=st.episodes, env_s=st.env_s, infer_s=st.infer_s,
                    throttle_s=st.throttle_s, blocked_s=st.blocked_s, version=st.version, loads=st.loads,
-                   snapshot_s=self.snapshot_s, duplicated=c.duplicated, reordered=c.reordered, delayed=c.delayed,
+                   snapshot_s=st.snapshot_s, refreshes=st.refreshes, discarded_steps=st.discarded_steps, duplicated=c.duplicated, reordered=c.reordered, delayed=c.delayed,
                    dropped_steps=c.dropped_steps, kills=c.kills, hangs=c.hangs,
                    first_step=self.actor.first_step_t or 0.0)
         for k in CORRUPTIONS:
@@ -162,12 +162,14 @@ class _Loop:
 
     # ---- snapshots and credit -----------------------------------------------------------------------------
     def refresh(self) -> None:
-        if self.snap_block.version() > self.version:
+        """Load the newest snapshot if there is a newer one and ``actor.sync_min_lag`` says to."""
+        newest = self.snap_block.version()
+        if newest > self.version and self.actor.wants(newest):
             t0 = time.perf_counter()
             version, flat = self.snap_block.read(alive=lambda: not self.stopping())
-            self.actor.load(self.codec.decode(version, flat))
+            snap = self.codec.decode(version, flat)
+            self.actor.load(snap, fetch_s=time.perf_counter() - t0)
             self.version = version
-            self.snapshot_s += time.perf_counter() - t0
 
     def credit(self) -> Dict[int, int]:
         _, c = self.credits.read(alive=lambda: not self.stopping())
@@ -223,7 +225,7 @@ class _Loop:
                 self.beat()
                 self.bell.clear()  # rings for news this iteration reads anyway
                 self.refresh()
-                pause, _ = throttle_state(books.produced, self.credit(), self.inc, max_lead)
+                pause, _ = throttle_state(books.produced + self.padding, self.credit(), self.inc, max_lead)
                 if pause and self.budget.has_room(per_rollout):
                     ch.flush()
                     self.drain()
@@ -232,16 +234,25 @@ class _Loop:
                     while pause and self.budget.has_room(per_rollout) and not self.stopping():
                         self.beat()
                         self.wait_for_news()
-                        pause, _ = throttle_state(books.produced, self.credit(), self.inc, max_lead)
+                        pause, _ = throttle_state(books.produced + self.padding, self.credit(), self.inc, max_lead)
                     actor.stats.throttle_s += time.perf_counter() - t0
                     continue
                 if not self.budget.reserve(self.actor_id, per_rollout):  # (given back by the learner if this
                     break                                              # process dies before reporting it)
                 try:
-                    ro = actor.collect()
+                    ro = actor.collect(newest=self.snap_block.version)
                 except BaseException:
                     self.budget.release(self.actor_id, per_rollout)
                     raise
+                if not ro.fragments:  # the snapshot went stale mid-rollout (actor.refresh_lag): thrown away
+                    self.budget.release(self.actor_id, per_rollout - ro.steps)
+                    books.produced += ro.steps
+                    self.padding += ro.padding
+                    if ro.steps:
+                        self.send(wire.discarded(self.inc, books.tuple(), ro.steps, ro.skipped[0][1],
+                                                 [(e.env_index, e.ret, e.length) for e in ro.episodes]))
+                    self.publish_stats()
+                    continue  # (the loop's top loads the newest)
                 books.produced += ro.steps
                 books.in_hand += ro.steps
                 self.send(wire.produced(self.inc, books.tuple(),

@@ -66,6 +66,7 @@ class _Worker:
     def __init__(self, actor_id: int, inc: int, handle):
         self.actor_id, self.inc, self.handle = actor_id, inc, handle
         self.produced = 0  # as last reported
+        self.padding = 0  # timesteps skipped past the steps taken (its discarded rollouts)
         self.in_hand = 0
         self.link: List[Any] = []  # identities of what its link holds, and arrivals not yet taken
         self.inflight: Dict[Any, Tuple[str, int]] = {}  # call ref -> (ready | rollout | flush, steps reserved)
@@ -201,7 +202,7 @@ class _Runner:
                     continue
                 while sum(kind == "rollout" for kind, _ in w.inflight.values()) < self.cfg.runner.max_inflight:
                     owed = sum(n for _, n in w.inflight.values())
-                    pause, _ = throttle_state(w.produced + owed, self.granted, w.inc, self.cfg.actor.max_lead_steps)
+                    pause, _ = throttle_state(w.produced + w.padding + owed, self.granted, w.inc, self.cfg.actor.max_lead_steps)
                     if pause or not self.budget.reserve(self.per_rollout):
                         break
                     if not w.inflight:
@@ -242,6 +243,11 @@ class _Runner:
             sent = [(int(e), int(t)) for e, t in res["sent"]]
             held = [_Held(r) for r in res["held"]]
             produced, in_hand = int(res["produced"]), int(res["in_hand"])
+            discarded, steps = int(res.get("discarded", 0)), int(res["steps"])
+            skipped = [(int(e), int(t)) for e, t in res.get("skipped", ())]
+            padding = int(res.get("padding", 0))
+            if not 0 <= discarded <= steps <= self.per_rollout:
+                raise ValueError("discarded steps")
             episodes = [Episode(w.actor_id, int(e), float(r), int(n)) for e, r, n in res["episodes"]]
             stats, chaos = ActorStats(**res["stats"]), _counts(res["chaos"])
         except (KeyError, TypeError, ValueError):
@@ -251,6 +257,10 @@ class _Runner:
             led.produced += produced - w.produced
             led.in_hand += in_hand - w.in_hand
             w.produced, w.in_hand = produced, in_hand
+            led.book("dropped", "refresh", discarded)  # a rollout its snapshot made stale (actor.refresh_lag)
+            for env_index, t_end in skipped:
+                led.skip(w.inc, env_index, t_end)
+            w.padding += padding  # the throttle compares timesteps with the credit watermark
             for env_index, t_end in sent:
                 led.mark_sent(w.inc, env_index, t_end)
             w.link = held + frags  # on the link until each arrives
@@ -309,6 +319,8 @@ class _Runner:
             w.error = "a malformed report"
             self.finalize(w, "actor_crash")
             return
+        if kind == "rollout" and int(res["steps"]) < steps:  # a rollout stopped early (actor.refresh_lag)
+            self.budget.release(steps - int(res["steps"]))
         if kind == "flush":
             w.done = True
             self.finalize(w, "shutdown")

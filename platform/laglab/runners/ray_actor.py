@@ -60,6 +60,32 @@ def held_ids(frags: Sequence[Fragment]) -> np.ndarray:
     return np.array([[getattr(f.id, k) for k in HEADER] for f in frags], np.int64).reshape(-1, len(HEADER))
 
 
+STALE_CHECK = 8  # actor.refresh_lag on Ray: steps between two looks at the answer to the snapshot board
+
+
+class _Poll:
+    """The newest version for ``actor.refresh_lag``, without waiting: one question to the board is outstanding at
+    a time; each call looks whether it has been answered (then takes the answer and asks again) and returns the
+    newest version known. A board that cannot answer (restarting) counts as no news."""
+
+    def __init__(self, board, known: int):
+        self.board, self.known, self.ref = board, known, None
+
+    def __call__(self) -> int:
+        import ray
+
+        if self.ref is not None:
+            ready, _ = ray.wait([self.ref], timeout=0)
+            if not ready:
+                return self.known
+            try:
+                self.known = max(self.known, int(ray.get(self.ref)))
+            except Exception:  # noqa: BLE001 - the board is being restarted: no news
+                pass
+        self.ref = self.board.newest_version.remote()
+        return self.known
+
+
 class SnapshotBoard:
     """The newest snapshot's version and object-store reference (a Ray actor next to the learner)."""
 
@@ -68,6 +94,9 @@ class SnapshotBoard:
 
     def set(self, version: int, box: List[Any]) -> None:
         self.version, self.box = version, box
+
+    def newest_version(self) -> int:
+        return self.version
 
     def newest(self, known: int) -> Tuple[int, Optional[List[Any]]]:
         """(version, [reference]) or (version, None) when the caller has that version already."""
@@ -85,7 +114,6 @@ class RolloutWorker:
         self.produced = 0
         self.in_hand = 0
         self.version = -1
-        self.snapshot_s = 0.0
         self.hang_next = False
         self.killed = False
 
@@ -102,17 +130,25 @@ class RolloutWorker:
 
         if self.killed:  # (calls queued behind a scripted kill, before the learner's ray.kill lands)
             raise RuntimeError(f"actor {self.actor_id} (incarnation {self.inc}) was killed")
+        t0 = time.perf_counter()
         version, snapshot = ray.get(board.newest.remote(self.version))
-        if snapshot is not None:
-            t0 = time.perf_counter()
+        if snapshot is not None and self.actor.wants(version):  # (actor.sync_min_lag: maybe keep ours)
             flat = ray.get(snapshot[0])  # the object store's copy on this node, read in place
-            self.actor.load(self.codec.decode(version, flat))
+            self.actor.load(self.codec.decode(version, flat), fetch_s=time.perf_counter() - t0)
             self.version = version
-            self.snapshot_s += time.perf_counter() - t0
-        elif self.version < 0:  # a board that restarted and has no snapshot yet: the learner posts it again
-            raise RuntimeError("the snapshot board has no snapshot (it restarted); the learner reposts it")
-        ro = self.actor.collect()
+        else:
+            self.actor.stats.snapshot_s += time.perf_counter() - t0  # asking is waiting on parameters too
+            if self.version < 0:  # a board that restarted and has no snapshot yet: the learner posts it again
+                raise RuntimeError("the snapshot board has no snapshot (it restarted); the learner reposts it")
+        ro = self.actor.collect(newest=_Poll(board, version), check_every=STALE_CHECK)
         self.produced += ro.steps
+        if not ro.fragments:  # stale mid-rollout: produced and thrown away (the learner books it as "refresh")
+            return {"inc": self.inc, "produced": self.produced, "in_hand": self.in_hand, "steps": ro.steps,
+                    "discarded": ro.discarded, "padding": ro.padding, "skipped": np.array(ro.skipped, np.int64).reshape(-1, 2),
+                    "sent": np.zeros((0, 2), np.int64), "fragments": [],
+                    "held": held_ids(self.ch.contents()),
+                    "episodes": [(e.env_index, e.ret, e.length) for e in ro.episodes],
+                    "stats": asdict(self.actor.stats), "chaos": self.chaos_counts(), "killed": False}
         self.in_hand += ro.steps
         ch = self.ch
         if self.hang_next:  # no answer: the learner's supervisor kills this actor after runner.heartbeat_timeout_s
@@ -144,8 +180,7 @@ class RolloutWorker:
             "fragments": [to_wire(f) for f in out],
             "held": held_ids(ch.contents()),
             "episodes": [(e.env_index, e.ret, e.length) for e in ro.episodes],
-            "stats": {**asdict(self.actor.stats), "snapshot_s": self.snapshot_s},
-            "chaos": self.chaos_counts(), "killed": killed,
+            "stats": asdict(self.actor.stats), "chaos": self.chaos_counts(), "killed": killed,
         }
 
     def flush(self) -> Dict[str, Any]:
@@ -156,8 +191,7 @@ class RolloutWorker:
         out, self.ch.outbox = self.ch.outbox, []
         return {"inc": self.inc, "produced": self.produced, "in_hand": self.in_hand, "steps": 0,
                 "sent": np.zeros((0, 2), np.int64), "fragments": [to_wire(f) for f in out],
-                "held": held_ids([]), "episodes": [], "stats": {**asdict(self.actor.stats),
-                                                                "snapshot_s": self.snapshot_s},
+                "held": held_ids([]), "episodes": [], "stats": asdict(self.actor.stats),
                 "chaos": self.chaos_counts(), "killed": False}
 
     def chaos_counts(self) -> Dict[str, Any]:

@@ -90,7 +90,7 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
             while not stop.is_set() and not inc.abandoned.is_set():
                 inc.beat()
                 gen = store.generation
-                pause, _ = throttle_state(inc.produced, store.credits(), inc.incarnation, max_lead)
+                pause, _ = throttle_state(inc.produced + inc.padding, store.credits(), inc.incarnation, max_lead)
                 # with the budget spent there is nothing to wait for: go on to finish (waiting for credit
                 # here could wait forever once the others have finished and the learner lacks a full batch)
                 if pause and budget.has_room(per_rollout):
@@ -100,10 +100,11 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
                         inc.beat()
                         store.wait_change(gen, poll, stop.is_set)
                         gen = store.generation
-                        pause, _ = throttle_state(inc.produced, store.credits(), inc.incarnation, max_lead)
+                        pause, _ = throttle_state(inc.produced + inc.padding, store.credits(), inc.incarnation, max_lead)
                     inc.stats.throttle_s += time.perf_counter() - t0
                     continue
-                if not inc.produce(store.latest(), budget, tracker, endpoint, wait_hung):
+                if not inc.produce(store.latest(), budget, tracker, endpoint, wait_hung,
+                                   newest=lambda: store.latest().version):
                     inc.close("shutdown", endpoint)  # the link delivers what it holds before the slot is done
                     if slot.inc is inc:
                         slot.finished = True

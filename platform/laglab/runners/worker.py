@@ -44,6 +44,7 @@ class Incarnation:
         self.actor.heartbeat = self.beat
         self.in_hand: List[Fragment] = []
         self.produced = 0
+        self.padding = 0  # timesteps skipped past the steps taken (discarded rollouts): the throttle's credit
         self.last_beat = time.monotonic()
         self.abandoned = threading.Event()
         self._run_chaos, self._chaos_lock = chaos_counts, chaos_lock
@@ -64,21 +65,37 @@ class Incarnation:
         return self.channel.contents()
 
     def produce(self, snap: Snapshot, budget: Budget, tracker: Tracker, endpoint: Endpoint,
-                wait_hung: Callable[[], None], envs: Optional[Sequence[int]] = None) -> bool:
-        """Collect one rollout under ``snap`` (of all env instances, or of ``envs``) and send its fragments.
+                wait_hung: Callable[[], None], envs: Optional[Sequence[int]] = None,
+                newest: Optional[Callable[[], int]] = None) -> bool:
+        """Collect one rollout (of all env instances, or of ``envs``) and send its fragments; ``snap`` is the
+        newest snapshot, loaded first if ``actor.sync_min_lag`` says to; ``newest()`` the newest version while
+        collecting (``actor.refresh_lag``: a rollout whose snapshot goes stale is discarded, booked ``refresh``).
 
         Returns False when the budget is exhausted. Raises :class:`ActorKilled` for a scripted crash,
         :class:`Closed` when the run stops and :class:`Abandoned` after a scripted hang; :meth:`close` books
         what was not sent."""
         n = steps_per_rollout(self.cfg) if envs is None else len(envs) * self.cfg.actor.rollout_len
-        self.actor.load(snap)
+        if self.actor.wants(snap.version):
+            self.actor.load(snap)
         if not budget.reserve(n):
             return False
         try:
-            ro = self.actor.collect(envs)
+            ro = self.actor.collect(envs, newest)
         except BaseException:
             budget.release(n)  # nothing was produced
             raise
+        if not ro.fragments:  # stale mid-rollout: its steps were produced and are thrown away
+            budget.release(n - ro.steps)
+            with self.ledger.lock:
+                self.ledger.produced_rollout(ro.steps)
+                self.ledger.unsent(ro.discarded, "refresh")
+                for env_index, t_end in ro.skipped:
+                    self.ledger.skip(self.incarnation, env_index, t_end)
+            self.produced += ro.steps
+            self.padding += ro.padding
+            tracker.add_episodes(ro.episodes, budget.used)
+            self.beat()
+            return True
         with self.ledger.lock:
             self.ledger.produced_rollout(ro.steps)
             self.in_hand = list(ro.fragments)
