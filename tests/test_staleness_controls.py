@@ -321,3 +321,22 @@ def test_a_saved_config_of_an_older_laglab_is_read_in_todays_keys(tmp_path):
     OmegaConf.save(OmegaConf.create(old), tmp_path / ".hydra" / "config.yaml")
     assert run_config(tmp_path).learner.lr_schedule.value == "constant"  # evaluate.py reads old runs
     assert upgrade_saved(OmegaConf.create({"learner": {"anneal_lr": True}})).learner.lr_schedule == "linear"
+
+
+def test_a_diverged_update_is_said_once_and_kept_for_the_summary(caplog):
+    cfg = cfg_of()
+    ln = Learner(cfg, env_spec(cfg))
+    ln.update(_frags())
+    assert ln.diverged_at is None
+    with torch.no_grad():
+        ln.model.pi[0].weight[0, 0] = float("nan")  # what a step too large leaves behind
+    with caplog.at_level("WARNING", logger="laglab"):
+        ln.update(_frags(1))
+        ln.update(_frags(2))
+    assert ln.diverged_at == 2
+    assert sum("non-finite loss" in r.getMessage() for r in caplog.records) == 1  # said once, not per update
+
+
+def test_the_summary_says_whether_the_policy_diverged(tmp_path):
+    s = run(_small(), tmp_path)
+    assert "diverged_at_update" in s and s["diverged_at_update"] is None

@@ -267,6 +267,9 @@ def footer(summary: Mapping[str, Any], run_dir: Any) -> str:
     row("return", f"final {_f(s.get('final_return_mean'))}, best {_f(s.get('best_return_mean'))} (mean return of "
                   f"the last {w} episodes: at the end, and its maximum over the run; {_n(s.get('episodes', 0))} "
                   "episodes)")
+    if s.get("diverged_at_update") is not None:
+        row("diverged", f"the loss was not finite from update {s['diverged_at_update']} on: the policy diverged "
+                        "(a smaller learner.lr; returns after it are a diverged policy's)")
     lag = s.get("lag") or {}
     if lag:
         row("lag", f"version lag mean {_f(lag.get('mean'), 2)}, p95 {_f(lag.get('p95'), 0)}, max "

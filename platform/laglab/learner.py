@@ -115,6 +115,8 @@ class Learner:
         self._mark = 0  # the mark last written: no incarnation of this run reaches it
         self.gen = torch.Generator().manual_seed(int(cfg.seed) + 7919)
         # the decoupled loss's proximal policy when it is an EWMA of the weights (None: the start of each update)
+        self.diverged_at: Optional[int] = None  # the first update whose loss was not finite (see update)
+        self._last_kl = float("nan")  # the previous update's approx KL (said when the policy diverges)
         self.prox_model: Optional[ActorCritic] = None
         self.prox_beta = prox_beta(cfg)
         self._ewma_total = 1.0  # the weight the EWMA has accumulated (bias correction, as PPO-EWMA)
@@ -364,6 +366,13 @@ class Learner:
             with torch.no_grad():
                 update_kl = float(algo.approx_kl_k3(self.model.logp_entropy(obs, actions)[0], b_start))
             self._adapt_lr(update_kl)
+        if self.diverged_at is None and not np.isfinite(sums["policy_loss"] + sums["value_loss"]):
+            self.diverged_at = self.updates + 1  # said once, kept in summary.json: the run goes on (its returns
+            logging.getLogger("laglab").warning(  # say what a diverged policy earns, which a study must count)
+                "laglab: update %d produced a non-finite loss (the policy diverged; approx KL of the update before: "
+                "%.3g): a smaller learner.lr, or for stale data a smaller algo.loss.is_cap", self.updates + 1,
+                self._last_kl)
+        self._last_kl = sums["approx_kl"] / max(n_mb, 1)
         if cfg.env.normalize_obs:  # new statistics take effect at the next publication (see snapshot)
             self.obs_rms.update(np.concatenate([f.obs for f in frags]))
         self.version += 1

@@ -195,6 +195,7 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
             "env_steps": env_steps,
             "updates": learner.updates,
             "policy_version": learner.version,
+            "diverged_at_update": learner.diverged_at,  # null: every update's loss was finite
             "wall_time_s": wall,
             "sps": (env_steps - used) / wall if wall > 0 else 0.0,
         })
