@@ -199,14 +199,8 @@ class LearnerDriver:
         """Publish the learner's policy. The actors get it, or under ``actor.fixed_lag=k`` the snapshot k
         publications back; ``sync`` (a fragment past ``learner.max_kl_behavior``): the actors get the newest
         whatever ``fixed_lag`` says, and the lag then grows back to k over the next publications (under a fixed
-        lag a cap that only dropped data would starve the learner: nothing fresher would ever come)."""
-        if sync and self.learner.version == self._published:  # nothing new to freeze: re-send the newest
-            self._history.clear()
-            newest = self.learner.snapshot()  # the newest publication (its statistics are the frozen ones)
-            self._history.append(newest)
-            self._acting = newest.version
-            self.publish(newest)
-            return
+        lag a cap that only dropped data would starve the learner: nothing fresher would ever come). Publishing a
+        version again (no update since) ships the same weights and statistics."""
         with self.ledger.lock:  # throttle credit is for live incarnations: forget the retired ones'
             gone = [i for i in self.learner.consumed if i not in self.ledger.owner]
         for inc in gone:
