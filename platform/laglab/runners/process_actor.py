@@ -146,7 +146,8 @@ class _Loop:
         st, c = self.actor.stats, self.ch.counts
         row = dict(steps=st.steps, rollouts=st.rollouts, episodes=st.episodes, env_s=st.env_s, infer_s=st.infer_s,
                    throttle_s=st.throttle_s, blocked_s=st.blocked_s, version=st.version, loads=st.loads,
-                   snapshot_s=st.snapshot_s, refreshes=st.refreshes, discarded_steps=st.discarded_steps, duplicated=c.duplicated, reordered=c.reordered, delayed=c.delayed,
+                   snapshot_s=st.snapshot_s, refreshes=st.refreshes, discarded_steps=st.discarded_steps,
+                   duplicated=c.duplicated, reordered=c.reordered, delayed=c.delayed,
                    dropped_steps=c.dropped_steps, kills=c.kills, hangs=c.hangs,
                    first_step=self.actor.first_step_t or 0.0)
         for k in CORRUPTIONS:
