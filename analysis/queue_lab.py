@@ -7,6 +7,14 @@ decides: ``block`` slows arrivals to the service rate, ``reject`` refuses the ex
 it. The age of the item leaving at time t is the time it waited in that FIFO backlog. Arrival 4 / service 3
 from 4 items grows by one per unit time; arrival 2 / service 3 drains in four.
 
+The instrument (``python -m analysis.queue_lab --lab out.html``): a self-contained page with Reset, the arrival and
+service rates, the prediction shown before running, Play and Step (analysis/queue_lab.html; no server, no network).
+What the fluid model omits, the fixture shows (``python -m analysis.queue_lab --fixture --arrival 4 --service 3
+--capacity 8 --policy drop_oldest``): the real :class:`laglab.transport.FragmentQueue` on a virtual clock, fed
+discrete fragments from N actors at the same rates and served one fragment at a time by a learner that publishes
+a version every ``--per-update`` fragments: capacity and its overflow policy, bytes, fragment ages and policy
+lag, next to the fluid prediction.
+
 For a real run (``python -m analysis.queue_lab <run dir>``): the arrival rate (fragments entering the queue
 per second), the service rate (fragments the learner takes per second while it has work), the predicted
 mean backlog and age, and Little's law (mean depth = arrival rate x mean time in the queue) against what the
@@ -19,10 +27,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Dict, Optional
+from dataclasses import dataclass
+from typing import Dict, List, Optional
 
 import numpy as np
 import pandas as pd
+
+PAGE = Path(__file__).with_name("queue_lab.html")
 
 
 def backlog(t: np.ndarray, arrival: float, service: float, q0: float, capacity: float = np.inf) -> np.ndarray:
@@ -81,14 +92,222 @@ def run_check(run_dir: str | Path) -> Dict[str, object]:
     return out
 
 
+class LabError(ValueError):
+    """A rate, capacity or count out of its range (the message names the option and the allowed range)."""
+
+
+def _check(name: str, value: float, low: float, *, inclusive: bool = False, integer: bool = False) -> None:
+    ok = np.isfinite(value) and (value >= low if inclusive else value > low)
+    if integer and ok:
+        ok = float(value) == int(value)
+    if not ok:
+        kind = "an integer" if integer else "a number"
+        raise LabError(f"{name} must be {kind} {'>=' if inclusive else '>'} {low:g}, got {value:g}")
+
+
+def write_lab(path: str | Path, q0: float = 4.0) -> Path:
+    """Write the queue lab page (self-contained HTML: inline script and SVG, nothing fetched)."""
+    _check("--q0", q0, 0, inclusive=True)
+    path = Path(path)
+    path.write_text(PAGE.read_text().replace("__Q0__", f"{q0:g}"))
+    return path
+
+
+@dataclass
+class Fixture:
+    """What the fixture measured: ``samples`` (one row per sample time: depth, bytes, fluid backlog, counters),
+    ``departures`` (one row per fragment the learner took: time, age, lag) and totals."""
+    samples: pd.DataFrame
+    departures: pd.DataFrame
+    totals: Dict[str, float]
+
+
+def _fragment(actor: int, seq: int, steps: int, version: int):
+    from laglab.fragment import Fragment, FragmentId
+
+    fid = FragmentId(actor_id=actor, incarnation=1, env_index=0, episode_id=0, episode_t0=0,
+                     t_start=seq * steps, t_end=seq * steps + steps - 1, behavior_version=version)
+    z = np.zeros(steps, np.float32)
+    obs = np.zeros((steps, 4), np.float32)  # the tagged env's observation shape
+    return Fragment(fid, obs, np.zeros(steps, np.int64), z, np.zeros(steps, bool), np.zeros(steps, bool), z, z,
+                    np.zeros((0, 4), np.float32), z, np.zeros(4, np.float32))
+
+
+def run_fixture(arrival: float, service: float, q0: int = 4, horizon: float = 8.0, capacity: int = 1_000_000,
+                max_bytes: Optional[int] = None, policy: str = "block", actors: int = 4, steps: int = 32,
+                per_update: int = 1, dt: float = 0.25) -> Fixture:
+    """Drive the real FragmentQueue in virtual time.
+
+    ``q0`` fragments are in the queue at time 0; then fragment k arrives at k / arrival, from actor k mod
+    ``actors``; the learner takes one fragment at each j / service (an empty queue wastes that service instant,
+    as the fluid server idles) and publishes a new policy version after every ``per_update`` fragments. A
+    fragment's behavior version is the version when it was made; its lag is the version when the learner takes
+    it minus that. Simultaneous events: arrivals first. Under ``block`` an arrival that finds no room waits with
+    its producer (FIFO) until a service makes room; when all ``actors`` producers wait, arrivals pause and resume
+    1 / arrival after a producer is released (block slows arrivals to the service rate). Under ``reject`` and
+    ``drop_oldest`` the queue's own policy refuses the new fragment or evicts the oldest.
+    """
+    from laglab.config import Overflow
+    from laglab.transport import FragmentQueue
+
+    _check("--arrival", arrival, 0)
+    _check("--service", service, 0)
+    _check("--q0", q0, 0, inclusive=True, integer=True)
+    _check("--horizon", horizon, 0)
+    _check("--capacity", capacity, 1, inclusive=True, integer=True)
+    _check("--actors", actors, 1, inclusive=True, integer=True)
+    _check("--steps", steps, 1, inclusive=True, integer=True)
+    _check("--per-update", per_update, 1, inclusive=True, integer=True)
+    _check("--dt", dt, 0)
+    if policy not in {p.value for p in Overflow}:
+        raise LabError(f"--policy must be one of {', '.join(p.value for p in Overflow)}, got {policy!r}")
+    one = _fragment(0, 0, steps, 0).nbytes
+    if max_bytes is None:
+        max_bytes = capacity * one if capacity < 1_000_000 else 2**62
+    _check("--max-bytes", max_bytes, 1, inclusive=True, integer=True)
+    now = [0.0]
+    q = FragmentQueue(int(capacity), int(max_bytes), Overflow(policy), clock=lambda: now[0])
+    version, made, served_since = 0, 0, 0
+    seq = [0] * int(actors)
+    waiting: List = []  # (fragment, time it started waiting): blocked producers, in arrival order
+    blocked_s = 0.0
+    departures = []
+
+    def make():
+        nonlocal made
+        actor = made % int(actors)
+        f = _fragment(actor, seq[actor], int(steps), version)
+        seq[actor] += 1
+        made += 1
+        return f
+
+    def offer(f) -> None:
+        if waiting or not q.try_put(f):  # FIFO: nobody passes a producer already waiting
+            waiting.append((f, now[0]))
+
+    for _ in range(int(q0)):
+        offer(make())
+    next_arrival, j = 1.0 / arrival, 1
+    rows = []
+    sample_t = 0.0
+
+    def sample(t: float) -> None:
+        rows.append({"t": t, "depth": q.depth, "bytes": q.bytes, "waiting_producers": len(waiting),
+                     "made": made, "admitted": q.stats.put_fragments, "served": q.stats.got_fragments,
+                     "dropped_steps": sum(q.stats.dropped_steps.values()),
+                     "rejected_steps": sum(q.stats.rejected_steps.values()), "version": version,
+                     "fluid_backlog": float(backlog(t, arrival, service, q0)),
+                     "fluid_backlog_capped": float(backlog(t, arrival, service, q0, capacity))})
+
+    eps = 1e-9
+    while True:
+        next_service = j / service
+        t_next = min(next_arrival, next_service)
+        while sample_t <= horizon + eps and sample_t < t_next - eps:
+            sample(round(sample_t, 9))
+            sample_t += dt
+        if t_next > horizon + eps:
+            break
+        now[0] = t_next
+        if next_arrival <= next_service + eps:  # arrivals first on a tie
+            if len(waiting) >= int(actors):
+                next_arrival = float("inf")  # every producer waits: arrivals pause until a release
+            else:
+                offer(make())
+                next_arrival = t_next + 1.0 / arrival
+            continue
+        j += 1
+        got = q.get(0)
+        if got is not None:
+            f, _, age = got
+            departures.append({"t": t_next, "age": age, "lag": version - f.id.behavior_version,
+                               "actor": f.id.actor_id, "fluid_age": float(age_at_departure(np.array([t_next]),
+                                                                                            arrival, service, q0)[0])})
+            served_since += 1
+            if served_since == int(per_update):
+                version, served_since = version + 1, 0
+        released = False
+        while waiting and q.try_put(waiting[0][0]):
+            blocked_s += now[0] - waiting.pop(0)[1]
+            released = True
+        if released and next_arrival == float("inf"):
+            next_arrival = now[0] + 1.0 / arrival
+    dep = pd.DataFrame(departures, columns=["t", "age", "lag", "actor", "fluid_age"])
+    totals = {"made": made, "admitted": q.stats.put_fragments, "served": q.stats.got_fragments,
+              "depth_end": q.depth, "max_depth": q.stats.max_depth, "max_bytes": q.stats.max_bytes,
+              "bytes_per_fragment": one, "dropped_fragments": sum(q.stats.dropped_steps.values()) // steps,
+              "rejected_fragments": sum(q.stats.rejected_steps.values()) // steps,
+              "waiting_producers_end": len(waiting), "blocked_s": blocked_s,
+              "age_mean": float(dep["age"].mean()) if len(dep) else float("nan"),
+              "age_max": float(dep["age"].max()) if len(dep) else float("nan"),
+              "lag_mean": float(dep["lag"].mean()) if len(dep) else float("nan"),
+              "lag_max": float(dep["lag"].max()) if len(dep) else float("nan"),
+              "versions": version}
+    return Fixture(pd.DataFrame(rows), dep, totals)
+def plot_fixture(fx: Fixture, out: str | Path, title: str) -> Path:
+    """Depth against the fluid prediction, and each departure's age and lag against the fluid age."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sm, dep = fx.samples, fx.departures
+    fig, ax = plt.subplots(1, 3, figsize=(15, 4.2))
+    ax[0].step(sm["t"], sm["depth"], where="post", label="FragmentQueue depth (fragments)", color="#c05621")
+    ax[0].plot(sm["t"], sm["fluid_backlog"], "--", color="#2b6cb0", label="fluid prediction (no capacity)")
+    if (sm["fluid_backlog_capped"] != sm["fluid_backlog"]).any():
+        ax[0].plot(sm["t"], sm["fluid_backlog_capped"], ":", color="#2b6cb0", label="fluid, capped at capacity")
+    if sm["waiting_producers"].any():
+        ax[0].step(sm["t"], sm["waiting_producers"], where="post", color="#718096", label="producers blocked")
+    ax[0].set(xlabel="time (units)", ylabel="items", title="backlog")
+    ax[0].legend(fontsize=8, loc="upper left")
+    if len(dep):
+        ax[1].plot(dep["t"], dep["age"], "o", color="#c05621", ms=4, label="fragment age on leaving")
+        ax[1].plot(dep["t"], dep["fluid_age"], "--", color="#2b6cb0", label="fluid age (FIFO, no capacity)")
+        ax[2].plot(dep["t"], dep["lag"], "o", color="#c05621", ms=4)
+    ax[1].set(xlabel="time (units)", ylabel="time in the queue (units)", title="age of the fragment leaving")
+    ax[1].legend(fontsize=8, loc="upper left")
+    ax[2].set(xlabel="time (units)", ylabel="versions behind", title="policy lag of the fragment leaving")
+    fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(out)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
 def main(argv: Optional[list] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m analysis.queue_lab", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="*", help="run dirs to check against the model")
-    ap.add_argument("--arrival", type=float, default=4.0)
-    ap.add_argument("--service", type=float, default=3.0)
-    ap.add_argument("--q0", type=float, default=4.0)
+    ap.add_argument("--arrival", type=float, default=4.0, help="items per unit time (default 4)")
+    ap.add_argument("--service", type=float, default=3.0, help="items per unit time (default 3)")
+    ap.add_argument("--q0", type=float, default=4.0, help="items at time 0 (default 4)")
+    ap.add_argument("--lab", metavar="OUT.html", help="write the queue lab page and exit")
+    ap.add_argument("--fixture", action="store_true", help="drive the real FragmentQueue at these rates")
+    ap.add_argument("--horizon", type=float, default=8.0, help="fixture: time units to run (default 8)")
+    ap.add_argument("--capacity", type=int, default=1_000_000, help="fixture: queue capacity in fragments")
+    ap.add_argument("--max-bytes", type=int, default=None, help="fixture: queue byte bound (default: capacity x "
+                                                                  "one fragment's bytes)")
+    ap.add_argument("--policy", default="block", help="fixture: block, reject or drop_oldest (default block)")
+    ap.add_argument("--actors", type=int, default=4, help="fixture: producers (default 4)")
+    ap.add_argument("--steps", type=int, default=32, help="fixture: transitions per fragment (default 32)")
+    ap.add_argument("--per-update", type=int, default=1, help="fixture: fragments per learner update (default 1)")
+    ap.add_argument("--out", help="fixture: write the figure here (PNG)")
+    ap.add_argument("--json", action="store_true", help="fixture: print the totals and samples as JSON")
     args = ap.parse_args(argv)
+    try:
+        if args.lab:
+            print(f"queue lab: {write_lab(args.lab, args.q0)} (open it in a browser; nothing is fetched)")
+            return 0
+        if args.fixture:
+            return _fixture_main(args)
+        _check("--arrival", args.arrival, 0)
+        _check("--service", args.service, 0)
+        _check("--q0", args.q0, 0, inclusive=True)
+    except LabError as e:
+        print(f"queue_lab: {e}", file=sys.stderr)
+        return 2
     t = np.arange(0, 9)
     print(f"fluid model: arrival {args.arrival:g}, service {args.service:g}, from {args.q0:g} items")
     print("t:       " + " ".join(f"{x:5.1f}" for x in t))
@@ -97,6 +316,32 @@ def main(argv: Optional[list] = None) -> int:
     print(f"drains at t = {drain_time(args.arrival, args.service, args.q0):g}")
     for r in args.runs:
         print(json.dumps(run_check(r), indent=2, default=float))
+    return 0
+
+
+def _fixture_main(args) -> int:
+    fx = run_fixture(args.arrival, args.service, q0=args.q0, horizon=args.horizon, capacity=args.capacity,
+                     max_bytes=args.max_bytes, policy=args.policy, actors=args.actors, steps=args.steps,
+                     per_update=args.per_update)
+    if args.json:
+        print(json.dumps({"totals": fx.totals, "samples": fx.samples.to_dict("list"),
+                          "departures": fx.departures.to_dict("list")}, default=float))
+        return 0
+    cap = "unbounded" if args.capacity >= 1_000_000 else f"capacity {args.capacity}, policy {args.policy}"
+    title = (f"FragmentQueue fixture: arrival {args.arrival:g}, service {args.service:g}, from {args.q0:g}, "
+             f"{cap}, {args.actors} actors")
+    print(title)
+    whole = fx.samples[np.isclose(fx.samples["t"] % 1, 0) | np.isclose(fx.samples["t"] % 1, 1)]
+    print(whole[["t", "depth", "fluid_backlog", "bytes", "waiting_producers", "made", "served", "dropped_steps",
+                 "rejected_steps", "version"]].to_string(index=False))
+    tot = fx.totals
+    print(f"fragments made {tot['made']}, admitted {tot['admitted']}, served {tot['served']}, dropped "
+          f"{tot['dropped_fragments']}, rejected {tot['rejected_fragments']}, still waiting to enter "
+          f"{tot['waiting_producers_end']}; max depth {tot['max_depth']} ({tot['max_bytes']:,} bytes, "
+          f"{tot['bytes_per_fragment']:,} per fragment); age on leaving mean {tot['age_mean']:.2f} max "
+          f"{tot['age_max']:.2f}; lag mean {tot['lag_mean']:.2f} max {tot['lag_max']:g} versions")
+    if args.out:
+        print(f"figure: {plot_fixture(fx, args.out, title)}")
     return 0
 
 

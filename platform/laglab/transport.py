@@ -37,12 +37,15 @@ class FragmentQueue:
     On overflow: ``block`` makes the producer wait for room (:meth:`try_put` says no, :meth:`wait_room`
     waits), ``reject`` refuses the new fragment, ``drop_oldest`` evicts from the head until the new one
     fits. Each item carries whether it is the first copy of its fragment to arrive; every refused or
-    evicted item is reported to ``on_discard(fragment, first, "dropped" | "rejected", reason)``.
+    evicted item is reported to ``on_discard(fragment, first, "dropped" | "rejected", reason)``. ``clock``
+    stamps each item on entry (its age on leaving); the queue lab's fixture passes a virtual one.
     """
 
     def __init__(self, capacity: int, max_bytes: int, policy: Overflow = Overflow.block,
-                 on_discard: Optional[Callable[[Fragment, Optional[bool], str, str], None]] = None):
+                 on_discard: Optional[Callable[[Fragment, Optional[bool], str, str], None]] = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.on_discard = on_discard
+        self.clock = clock
         self.capacity = capacity
         self.max_bytes = max_bytes
         self.policy = Overflow(policy)
@@ -78,7 +81,7 @@ class FragmentQueue:
                     self._bytes -= old_bytes
                     self._first_steps -= old.length if old_first is True else 0
                     self._discard(old, old_first, "dropped", "overflow")
-            self._items.append((frag, first, nbytes, time.monotonic()))
+            self._items.append((frag, first, nbytes, self.clock()))
             self._bytes += nbytes
             self._first_steps += frag.length if first is True else 0
             self.stats.put_fragments += 1
@@ -118,7 +121,7 @@ class FragmentQueue:
             self.stats.got_fragments += 1
             self.stats.got_steps += frag.length
             self._cv.notify_all()
-            return frag, first, time.monotonic() - t_put
+            return frag, first, self.clock() - t_put
 
     def close(self) -> int:
         """Refuse further puts, wake every waiter; the items still queued are dropped (``shutdown``); returns
