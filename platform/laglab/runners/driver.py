@@ -66,17 +66,26 @@ class LearnerDriver:
         self._acting = learner.version  # the version the actors are given (history[0] under actor.fixed_lag)
         self._t_last = time.perf_counter()
         self.wait_s = 0.0
+        self._offer_s = 0.0  # since the last update
         self.compute_s = 0.0
         self.stalls = 0
         # actor.fixed_lag=k: actors get the snapshot k publications behind the newest (with the newest credits)
         self._history = collections.deque([learner.snapshot()], maxlen=(cfg.actor.fixed_lag or 0) + 1)
 
     def offer(self, frag: Fragment, first: Optional[bool], age_s: float = 0.0) -> Optional[Dict[str, float]]:
-        """Hand one arrived fragment to the learner; returns the update's metrics row when it completed a batch."""
+        """Hand one arrived fragment to the learner; returns the update's metrics row when it completed a batch.
+        The time spent on fragments outside updates (admission, books, staging) is ``learner/offer_s``."""
+        t0 = time.perf_counter()
+        full = self._stage(frag, first, age_s)
+        self._offer_s += time.perf_counter() - t0
+        return self._update() if full else None
+
+    def _stage(self, frag: Fragment, first: Optional[bool], age_s: float) -> bool:
+        """Admit and stage one fragment (or refuse or drop it, booked); True when the batch is complete."""
         timeline.mark("first_fragment")
         reason = self.admission.admit(frag, first, self.learner.version)
         if reason not in (None, "charged"):
-            return None  # refused (counted by admission) or an ignored duplicate
+            return False  # refused (counted by admission) or an ignored duplicate
         first = reason is None
         fid = frag.id
         if first:
@@ -86,7 +95,7 @@ class LearnerDriver:
             if first:
                 self.dropped["lag"] += frag.length
                 self._lag_dropped += frag.length
-            return None
+            return False
         cap = self.cfg.learner.max_kl_behavior
         if cap is not None:  # seed 004's staleness cap: data too far from the current policy is not trained on
             kl = self.learner.fragment_kl(frag)
@@ -98,13 +107,11 @@ class LearnerDriver:
                 if self._acting < self.learner.version:  # seed 004: past the cap, sync the actors at once
                     self.kl_publications += 1
                     self._publish(sync=True)
-                return None
+                return False
         self._kept += frag.length
         self.pending.append((frag, first))
         self._ages.append(age_s)
-        if len(self.pending) < self.need:
-            return None
-        return self._update()
+        return len(self.pending) >= self.need
 
     def starved_credits(self) -> Dict[int, int]:
         """Throttle credit while the learner waits for data: per incarnation, what it has received (its
@@ -172,6 +179,8 @@ class LearnerDriver:
         m.update(bal.metrics())
         m["learner/wait_s"] = wait
         m["learner/compute_s"] = compute
+        m["learner/offer_s"] = self._offer_s
+        self._offer_s = 0.0
         m["learner/wait_frac"] = self.wait_s / max(self.wait_s + self.compute_s, 1e-9)
         m["learner/updates_per_s"] = self.learner.updates / max(self.tracker.wall(), 1e-9)
         m.update(self.gauges())

@@ -1,0 +1,494 @@
+"""A discrete-event model of N actors and one learner (simpy): predict throughput, learner utilisation, version
+lag, queue depth, data age and the kept fraction of a configuration before running it.
+
+    python -m laglab.sim env=latency actors=16 --json                    # the same overrides as train.py
+    python -m laglab.sim env=latency actors=64 --costs costs.json        # costs calibrated from real runs
+    python -m laglab.sim --calibrate outputs/<run dir> > costs.json      # measure the costs of a real run
+
+What it models, each as the runners do it (see runners/driver.py, runners/process_actor.py):
+
+* **Actors**: actor i steps its ``envs_per_actor`` envs one after another for ``rollout_len`` steps: per env step
+  a wait (``env.latency_ms`` cycled over the actors, as env=latency sleeps; or a lognormal draw; plus
+  ``Costs.step_wait_s``) and CPU work (``Costs.step_cpu_s``), and per rollout step one batched inference (``Costs.infer_s``). Before each rollout an
+  actor loads the newest published snapshot if it is more than ``actor.sync_min_lag`` versions ahead
+  (``Costs.fetch_s``), pauses while it is ``actor.max_lead_steps`` ahead of the credit the learner last gave it,
+  and reserves the rollout from the step budget. It then hands its fragments (one per env) to the queue
+  (``Costs.send_s`` each).
+* **The queue**: bounded in fragments and bytes, with the overflow policy (``block`` holds the actor until there
+  is room, ``reject`` refuses the new fragment, ``drop_oldest`` evicts the oldest).
+* **The learner**: takes fragments one at a time (``Costs.fragment_s`` each: receiving, admission, books,
+  staging), drops those older than ``learner.max_policy_lag`` versions, updates once per batch
+  (``Costs.update_s``), publishes every ``learner.broadcast_every`` updates (the snapshot ``actor.fixed_lag``
+  publications back, if set) with the actors' credit; when it finds the queue empty for ``runner.poll_s`` it
+  grants credit for what it has taken (as ``serve`` does).
+* **CPU**: ``Costs.cores`` CPUs shared by everything that computes. The learner preempts actors (actor processes
+  run at nice 19); actors queue for a core among themselves. Waiting on an env (a sleep) holds no core.
+
+Not modelled (refused, so no prediction silently ignores them): ``actor.refresh_lag``,
+``learner.max_kl_behavior`` (they depend on the policy's KL), chaos faults.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Deque, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .config import Config, ConfigError, Overflow, batch_fragments
+
+
+class SimError(ValueError):
+    """A cost, distribution or setting the model cannot take (the message names it and the allowed range)."""
+
+
+@dataclass
+class Costs:
+    """What each piece of work costs, in seconds (calibrate with :func:`calibrate` from real runs)."""
+    update_s: float = 0.010  # learner: one update on one batch (metrics.parquet learner/compute_s)
+    fragment_s: float = 60e-6  # learner: receiving, admitting, booking and staging one fragment
+    infer_s: float = 150e-6  # actor: one batched forward pass over its envs (per rollout step)
+    step_cpu_s: float = 20e-6  # actor: CPU per env step besides the env's wait (a CPU-bound env's whole step)
+    step_wait_s: float = 0.0  # actor: wall time per env step beyond the configured latency that holds no core
+                              # (env=latency: the sleep's overshoot)
+    fetch_s: float = 1e-3  # actor: fetching and loading a snapshot
+    send_s: float = 20e-6  # actor: handing one fragment over
+    startup_s: float = 0.0  # from the run's start to the actors' first env step (counted in sps, as a run does)
+    cores: float = 2.0  # CPUs shared by the learner and the actors
+
+    def check(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise SimError(f"costs.{f.name} must be a number >= 0, got {v!r}")
+        if self.update_s <= 0:
+            raise SimError(f"costs.update_s must be > 0, got {self.update_s!r}")
+        if self.cores < 1:
+            raise SimError(f"costs.cores must be >= 1, got {self.cores!r}")
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, float]) -> "Costs":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known - {"calibrated_from", "notes"})
+        if unknown:
+            raise SimError(f"unknown cost {unknown[0]!r}; known: {', '.join(sorted(known))}")
+        c = cls(**{k: float(v) for k, v in d.items() if k in known})
+        c.check()
+        return c
+
+
+@dataclass
+class Latency:
+    """Per env step wait, in ms: ``fixed`` cycles ``env.latency_ms`` over the actors (as env=latency does);
+    ``lognormal`` draws each step from a lognormal with median ``median_ms`` and log-space sd ``sigma``."""
+    kind: str = "fixed"
+    per_actor_ms: List[float] = field(default_factory=list)
+    median_ms: float = 0.0
+    sigma: float = 0.0
+
+    def check(self) -> None:
+        if self.kind not in ("fixed", "lognormal"):
+            raise SimError(f"latency kind must be fixed or lognormal, got {self.kind!r}")
+        if self.kind == "fixed" and any(not math.isfinite(x) or x < 0 for x in self.per_actor_ms):
+            raise SimError(f"latency per actor must be numbers >= 0 ms (negative support), got {self.per_actor_ms}")
+        if self.kind == "lognormal":
+            if not (math.isfinite(self.median_ms) and self.median_ms > 0):
+                raise SimError(f"lognormal latency median must be > 0 ms, got {self.median_ms!r}")
+            if not (math.isfinite(self.sigma) and self.sigma >= 0):
+                raise SimError(f"lognormal latency sigma must be >= 0, got {self.sigma!r}")
+
+    @classmethod
+    def parse(cls, text: str) -> "Latency":
+        """``fixed:2,4,8`` (ms, cycled over actors) or ``lognormal:<median ms>,<sigma>``."""
+        kind, _, rest = text.partition(":")
+        try:
+            nums = [float(x) for x in rest.split(",") if x.strip()]
+        except ValueError:
+            raise SimError(f"--latency {text!r}: numbers expected, e.g. fixed:2,4 or lognormal:2,0.5") from None
+        if kind == "fixed":
+            lat = cls("fixed", per_actor_ms=nums)
+        elif kind == "lognormal" and len(nums) == 2:
+            lat = cls("lognormal", median_ms=nums[0], sigma=nums[1])
+        else:
+            raise SimError(f"--latency {text!r}: allowed fixed:<ms>[,<ms>...] or lognormal:<median ms>,<sigma>")
+        lat.check()
+        return lat
+
+
+UNMODELLED = {"actor.refresh_lag": lambda c: c.actor.refresh_lag is not None,
+              "learner.max_kl_behavior": lambda c: c.learner.max_kl_behavior is not None,
+              "chaos": lambda c: c.chaos.name != "none"}
+
+
+class _Queue:
+    """The bounded fragment queue (fragments and bytes, overflow policy), with events for waiting parties."""
+
+    def __init__(self, env, capacity: int, max_bytes: int, policy: Overflow, frag_bytes: int):
+        self.env, self.capacity, self.max_bytes, self.policy = env, capacity, max_bytes, policy
+        self.frag_bytes = frag_bytes
+        self.items: Deque[Tuple[int, int, int, float]] = collections.deque()  # (actor, steps, version, t_put)
+        self.nonempty = env.event()
+        self.room = env.event()
+        self.area = 0.0  # integral of depth over time
+        self._t = 0.0
+        self.dropped_steps = 0
+        self.rejected_steps = 0
+
+    def _track(self) -> None:
+        now = self.env.now
+        self.area += len(self.items) * (now - self._t)
+        self._t = now
+
+    def fits(self) -> bool:
+        return len(self.items) < self.capacity and (len(self.items) + 1) * self.frag_bytes <= self.max_bytes
+
+    def put(self, item):
+        """A generator: yields while ``block`` holds the producer."""
+        if self.frag_bytes > self.max_bytes:
+            self.rejected_steps += item[1]
+            return
+        while not self.fits():
+            if self.policy == Overflow.block:
+                yield self.room
+                continue
+            if self.policy == Overflow.reject:
+                self.rejected_steps += item[1]
+                return
+            self._track()
+            self.dropped_steps += self.items.popleft()[1]
+        self._track()
+        self.items.append(item)
+        if not self.nonempty.triggered:
+            self.nonempty.succeed()
+
+    def wake(self) -> None:
+        if not self.nonempty.triggered:
+            self.nonempty.succeed()
+
+    def get(self):
+        self._track()
+        item = self.items.popleft()
+        if not self.items:
+            self.nonempty = self.env.event()
+        if not self.room.triggered:
+            self.room.succeed()
+            self.room = self.env.event()
+        return item
+
+
+def _cpu(env, cpu, seconds: float, priority: int):
+    """Hold a core for ``seconds`` of work; a preempted actor resumes the rest later."""
+    import simpy
+
+    left = seconds
+    while left > 1e-12:
+        with cpu.request(priority=priority, preempt=priority == 0) as req:
+            yield req
+            start = env.now
+            try:
+                yield env.timeout(left)
+                left = 0.0
+            except simpy.Interrupt:
+                left -= env.now - start
+
+
+def check(cfg: Config, costs: Costs, latency: Optional[Latency]) -> None:
+    if cfg.runner.name.value == "sync":
+        raise SimError("runner=sync is not modelled: it collects and updates in turn in one thread (no queue, no "
+                       "overlap); laglab.sim models the asynchronous runners (process, thread, ray)")
+    costs.check()
+    if latency is not None:
+        latency.check()
+    for key, used in UNMODELLED.items():
+        if used(cfg):
+            raise SimError(f"{key} is not modelled by laglab.sim (it depends on the policy); leave it unset")
+
+
+def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Latency] = None, seed: int = 0,
+             frag_bytes: Optional[int] = None) -> Dict[str, object]:
+    """Run the model to the end of ``cfg.total_env_steps``; returns its predictions (see :data:`OUTPUTS`)."""
+    import simpy
+
+    costs = costs or Costs()
+    if latency is None:
+        latency = Latency("fixed", per_actor_ms=list(cfg.env.latency_ms) or [0.0])
+    check(cfg, costs, latency)
+    rng = np.random.default_rng(seed)
+    env = simpy.Environment()
+    cpu = simpy.PreemptiveResource(env, capacity=max(1, int(costs.cores)))
+    N, E, T = cfg.actors, cfg.actor.envs_per_actor, cfg.actor.rollout_len
+    per_rollout = E * T
+    total = int(cfg.total_env_steps)
+    need = batch_fragments(cfg)
+    max_lead = cfg.actor.max_lead_steps
+    if frag_bytes is None:  # obs float32 [T, 4] plus the per-step arrays: the order of a small-obs fragment
+        frag_bytes = T * (4 * 4 + 8 + 4 * 5 + 2) + 9 * 8
+    q = _Queue(env, cfg.transport.capacity, cfg.transport.max_bytes, Overflow(cfg.transport.policy), frag_bytes)
+    st = {"version": 0, "reserved": 0, "produced": 0, "updates": 0, "learner_busy": 0.0, "kept": 0, "dropped_lag": 0,
+          "trained": 0, "first_update": None, "done_actors": 0, "end": 0.0, "fetches": 0, "throttle_s": 0.0, "paused": 0,
+          "blocked_s": 0.0}
+    history: Deque[int] = collections.deque([0], maxlen=(cfg.actor.fixed_lag or 0) + 1)
+    published = [0]  # the version actors are given
+    consumed = [0] * N  # per actor: steps the learner has taken (learner.consumed)
+    credit = [0] * N  # per actor: the credit the actor sees (from the last publication or grant)
+    news = [env.event()]  # triggered at each publication or grant
+    lags: List[int] = []
+    ages: List[float] = []
+    finished = env.event()
+
+    def ring() -> None:
+        ev, news[0] = news[0], env.event()
+        ev.succeed()
+
+    def step_wait(i: int, n: int) -> float:
+        if latency.kind == "fixed":
+            ms = latency.per_actor_ms[i % len(latency.per_actor_ms)] if latency.per_actor_ms else 0.0
+            return n * ms / 1000.0
+        return float(rng.lognormal(math.log(latency.median_ms), latency.sigma, size=n).sum()) / 1000.0
+
+    def actor(i: int):
+        version, produced = -1, 0
+        while True:
+            newest = published[0]
+            if version < 0 or newest - version > cfg.actor.sync_min_lag:
+                if newest != version:
+                    yield from _cpu(env, cpu, costs.fetch_s, 1)
+                    st["fetches"] += 1
+                    version = newest
+            if max_lead is not None and produced - credit[i] >= max_lead and st["reserved"] + per_rollout <= total:
+                t0 = env.now
+                st["paused"] += 1
+                yield news[0]
+                st["paused"] -= 1
+                st["throttle_s"] += env.now - t0
+                continue
+            if st["reserved"] + per_rollout > total:
+                break
+            st["reserved"] += per_rollout
+            for _ in range(T):
+                yield from _cpu(env, cpu, costs.infer_s + E * costs.step_cpu_s, 1)
+                w = step_wait(i, E) + E * costs.step_wait_s
+                if w > 0:
+                    yield env.timeout(w)
+            produced += per_rollout
+            st["produced"] += per_rollout
+            yield from _cpu(env, cpu, E * costs.send_s, 1)
+            for _ in range(E):
+                t0 = env.now
+                yield from q.put((i, T, version, env.now))
+                st["blocked_s"] += env.now - t0
+        st["done_actors"] += 1
+        q.wake()  # a learner waiting for data: it may be time to end
+
+    def learner():
+        staged: List[Tuple[int, int, int, float]] = []
+        stuck = [-1]  # what had been produced at the last starved poll with every actor paused
+        while True:
+            if not q.items:
+                if st["done_actors"] == N:
+                    break
+                got = yield q.nonempty | env.timeout(cfg.runner.poll_s)
+                if not q.items:
+                    if q.nonempty in got:  # woken by a finishing actor, not by data
+                        q.nonempty = env.event()
+                    else:
+                        if st["paused"] + st["done_actors"] == N and stuck[0] == st["produced"]:
+                            # starved twice with every actor paused and nothing produced between: a model bug
+                            raise SimError(f"the model is stuck at t={env.now:.3f}s: every actor is paused and "
+                                           "the learner has nothing to take")
+                        stuck[0] = st["produced"] if st["paused"] + st["done_actors"] == N else -1
+                        if credit != consumed:  # starved for poll_s: grant credit for what was taken
+                            credit[:] = consumed
+                            ring()
+                    continue
+            item = q.get()
+            ages.append(env.now - item[3])
+            t0 = env.now
+            yield from _cpu(env, cpu, costs.fragment_s, 0)
+            st["learner_busy"] += env.now - t0
+            a, steps, behavior, _ = item
+            consumed[a] += steps
+            lag = st["version"] - behavior
+            if cfg.learner.max_policy_lag is not None and lag > cfg.learner.max_policy_lag:
+                st["dropped_lag"] += steps
+                continue
+            st["kept"] += steps
+            staged.append(item)
+            if len(staged) < need:
+                continue
+            t0 = env.now
+            yield from _cpu(env, cpu, costs.update_s, 0)
+            st["learner_busy"] += env.now - t0
+            lags.extend(st["version"] - s[2] for s in staged)
+            st["trained"] += sum(s[1] for s in staged)
+            staged = []
+            st["version"] += 1
+            st["updates"] += 1
+            if st["first_update"] is None:
+                st["first_update"] = env.now
+            st["end"] = env.now
+            if st["updates"] % cfg.learner.broadcast_every == 0:
+                history.append(st["version"])
+                published[0] = history[0]
+                credit[:] = consumed
+                ring()
+        st["end"] = max(st["end"], env.now)
+        finished.succeed()
+
+    for i in range(N):
+        env.process(actor(i))
+    env.process(learner())
+    env.run(until=finished)
+    q._track()
+    end = max(st["end"], 1e-12)
+    wall = end + costs.startup_s
+    lag_arr = np.asarray(lags, float)
+    hist = np.bincount(lag_arr.astype(int)) if len(lag_arr) else np.zeros(0, int)
+    steady_t = end - (st["first_update"] or 0.0)
+    steady_steps = st["trained"] - need * T
+    offered = st["kept"] + st["dropped_lag"]
+    return {
+        "sps": st["produced"] / wall,
+        "sps_steady": steady_steps / steady_t if steady_t > 0 and steady_steps > 0 else float("nan"),
+        "lag_mean": float(lag_arr.mean()) if len(lag_arr) else float("nan"),
+        "lag_p50": float(np.percentile(lag_arr, 50)) if len(lag_arr) else float("nan"),
+        "lag_p95": float(np.percentile(lag_arr, 95)) if len(lag_arr) else float("nan"),
+        "lag_hist": hist.tolist(),
+        "queue_depth_mean": q.area / end,
+        "age_s_mean": float(np.mean(ages)) if ages else float("nan"),
+        "learner_utilization": st["learner_busy"] / end,
+        "kept_fraction": st["kept"] / offered if offered else float("nan"),
+        "env_steps": st["produced"], "trained_steps": st["trained"], "staged_at_end_steps": st["kept"] - st["trained"],
+        "updates": st["updates"], "wall_s": wall,
+        "dropped_steps": {"lag": st["dropped_lag"], "overflow": q.dropped_steps},
+        "rejected_steps": q.rejected_steps,
+        "actor_throttle_frac": st["throttle_s"] / (N * end), "actor_blocked_frac": st["blocked_s"] / (N * end),
+        "snapshot_loads": st["fetches"],
+    }
+
+
+OUTPUTS = ("sps", "sps_steady", "lag_mean", "lag_p50", "lag_p95", "queue_depth_mean", "age_s_mean",
+           "learner_utilization", "kept_fraction")
+
+
+# ---- calibration from real runs -----------------------------------------------------------------------------
+def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
+    """Costs measured from real runs (medians over the runs): the learner's compute per update and per
+    fragment, the actors' inference, env steps and snapshot loads, and the start-up to the first env step. An
+    env step's time beyond its configured latency is ``step_wait_s`` for env=latency (a sleep's overshoot holds no
+    core) and ``step_cpu_s`` for every other env (the whole step computes). Calibrate on a quiet machine: under
+    load every cost grows."""
+    import pandas as pd
+    import yaml
+
+    per: Dict[str, List[float]] = collections.defaultdict(list)
+    used = []
+    for d in map(Path, run_dirs):
+        s = json.loads((d / "summary.json").read_text())
+        if s.get("status") != "completed":
+            raise SimError(f"{d}: not a completed run (status {s.get('status')!r})")
+        m = pd.read_parquet(d / "metrics.parquet")
+        cfg = yaml.safe_load((d / ".hydra" / "config.yaml").read_text())
+        E = int(cfg["actor"]["envs_per_actor"])
+        lat = [float(x) for x in (cfg["env"].get("latency_ms") or [])]
+        per["update_s"].append(float(m["learner/compute_s"].median()))
+        if "learner/offer_s" in m:
+            frags = float(s["transport"]["admitted_fragments"])
+            per["fragment_s"].append(float(m["learner/offer_s"].sum()) / max(frags, 1.0))
+        stats = {int(k): a for k, a in (s.get("actors_stats") or {}).items()}  # actor id -> its stats
+        steps = sum(a.get("steps", 0) for a in stats.values())
+        if steps:
+            per["infer_s"].append(sum(a.get("infer_s", 0.0) for a in stats.values()) / (steps / E))
+            env_s = sum(a.get("env_s", 0.0) for a in stats.values())
+            if lat:  # env=latency sleeps: what its steps took beyond the latency held no core
+                wait = sum(lat[i % len(lat)] / 1000.0 * a.get("steps", 0) for i, a in stats.items())
+                per["step_wait_s"].append(max(0.0, env_s - wait) / steps)
+            else:
+                per["step_cpu_s"].append(env_s / steps)
+            loads = sum(a.get("loads", 0) for a in stats.values())
+            if loads:
+                per["fetch_s"].append(sum(a.get("snapshot_s", 0.0) for a in stats.values()) / loads)
+        su = s.get("startup") or {}
+        if su.get("first_env_step") is not None and su.get("learner") is not None:
+            per["startup_s"].append(max(0.0, float(su["first_env_step"]) - float(su["learner"])))
+        used.append(str(d))
+    out: Dict[str, object] = {k: float(np.median(v)) for k, v in per.items()}
+    out["calibrated_from"] = used
+    return out
+
+
+# ---- command line ------------------------------------------------------------------------------------------
+def compose(overrides: Sequence[str]) -> Config:
+    """The config train.py would run with these overrides (the same Hydra composition and checks)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from .config import register_configs, validate
+    from .preflight import explain
+
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    if not conf.is_dir():
+        raise SimError(f"no config dir at {conf} (laglab.sim composes the repo's conf/, as train.py does)")
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(str(conf), version_base="1.3"):
+            cfg = hydra_compose("config", overrides=list(overrides))
+    except Exception as e:  # noqa: BLE001 - Hydra's errors, told as train.py tells them
+        raise SimError(explain(e, list(overrides))) from None
+    finally:
+        GlobalHydra.instance().clear()
+    return validate(cfg)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m laglab.sim", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("overrides", nargs="*", help="config overrides, as for train.py (env=latency actors=16 ...)")
+    ap.add_argument("--costs", help="a JSON file of costs (from --calibrate)")
+    ap.add_argument("--cost", action="append", default=[], metavar="NAME=SECONDS",
+                    help="set one cost, e.g. --cost update_s=0.012 (after --costs)")
+    ap.add_argument("--latency", help="per env step wait: fixed:<ms>[,<ms>...] (cycled over actors) or "
+                                      "lognormal:<median ms>,<sigma> (default: env.latency_ms)")
+    ap.add_argument("--seed", type=int, default=0, help="for lognormal latencies")
+    ap.add_argument("--calibrate", nargs="+", metavar="RUN_DIR", help="print the costs measured from real runs")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args(argv)
+    try:
+        if args.calibrate:
+            print(json.dumps(calibrate(args.calibrate), indent=1))
+            return 0
+        costs = Costs()
+        if args.costs:
+            costs = Costs.from_dict(json.loads(Path(args.costs).read_text()))
+        for kv in args.cost:
+            k, _, v = kv.partition("=")
+            try:
+                costs = Costs.from_dict({**dataclasses.asdict(costs), k: float(v)})
+            except ValueError as e:
+                raise SimError(f"--cost {kv}: {e}") from None
+        latency = Latency.parse(args.latency) if args.latency else None
+        cfg = compose(args.overrides)
+        out = simulate(cfg, costs, latency, seed=args.seed)
+    except (SimError, ConfigError, FileNotFoundError, json.JSONDecodeError) as e:
+        print(f"laglab.sim: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"actors {cfg.actors} x {cfg.actor.envs_per_actor} envs, batch {cfg.learner.batch_size}, "
+          f"{cfg.total_env_steps:,} steps, {costs.cores:g} cores")
+    for k in OUTPUTS:
+        print(f"  {k:22s} {out[k]:.4g}")
+    print(f"  lag histogram          {out['lag_hist']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
