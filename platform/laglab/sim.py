@@ -398,9 +398,10 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
         E = int(cfg["actor"]["envs_per_actor"])
         lat = [float(x) for x in (cfg["env"].get("latency_ms") or [])]
         per["update_s"].append(float(m["learner/compute_s"].median()))
-        if "learner/offer_s" in m:
+        if "learner/offer_s" in m:  # the learner's time per fragment, plus the receiver thread's (process runner)
             frags = float(s["transport"]["admitted_fragments"])
-            per["fragment_s"].append(float(m["learner/offer_s"].sum()) / max(frags, 1.0))
+            recv = float(m["transport/receive_s"].iloc[-1]) if "transport/receive_s" in m else 0.0
+            per["fragment_s"].append((float(m["learner/offer_s"].sum()) + recv) / max(frags, 1.0))
         stats = {int(k): a for k, a in (s.get("actors_stats") or {}).items()}  # actor id -> its stats
         steps = sum(a.get("steps", 0) for a in stats.values())
         if steps:

@@ -140,6 +140,7 @@ class _Runner:
         self.reclaimed = 0
         self.budget_released = 0  # env steps reserved by lives that died before reporting them, given back
         self.malformed = 0
+        self.receive_s = 0.0  # the receiver thread, per arrived message: reading the pipe, copying, handling
         self.stopping = threading.Event()
         self.receiver_error: Optional[BaseException] = None
         self.last_version = learner.version
@@ -181,7 +182,8 @@ class _Runner:
     def gauges(self) -> Dict[str, float]:
         return {"transport/queue_depth": float(self.queue.depth), "transport/queue_bytes": float(self.queue.bytes),
                 "transport/slots_in_use": float(np.count_nonzero(self.pool.state)),
-                "transport/slots_reclaimed": float(self.reclaimed)}
+                "transport/slots_reclaimed": float(self.reclaimed),
+                "transport/receive_s": self.receive_s}  # the receiver thread's time so far (reading, copying)
 
     def actor_stats(self) -> Dict[int, ActorStats]:
         out = {}
@@ -338,6 +340,7 @@ class _Runner:
                     continue
                 for conn in wait_conns(conns, timeout=self.poll):
                     child = self.by_conn[conn]
+                    t0 = time.perf_counter()
                     try:
                         data = conn.recv_bytes(maxlength=1 << 24)
                     except (EOFError, OSError):
@@ -353,6 +356,7 @@ class _Runner:
                         continue
                     for part in parts:
                         self.handle(child, part)
+                    self.receive_s += time.perf_counter() - t0
         except BaseException as e:  # noqa: BLE001 - surfaces in the learner loop
             self.receiver_error = e
 
