@@ -1,0 +1,104 @@
+"""Validate laglab.sim against real runs: calibrate its costs on a few short runs, write its predictions for every
+cell *before* running them, then run each cell for real (process runner, env=latency, whose actors sleep, so this
+machine can hold many) and print predicted vs measured steady-state SPS, mean lag and p95 lag, and the worst error.
+
+    python benchmarks/sim_validate.py [--actors 1,2,4,8,16,32,64] [--latencies uniform,hetero] [--out DIR]
+
+Goal (issue 20): SPS and mean lag within 10% of measured, p95 lag within one version, at every N. Run it on a quiet
+machine (nothing else running: the env's sleeps overshoot under load); the load average at start and end is printed.
+
+Steady-state SPS, measured: env steps between the first and the last update over the wall time between them (from
+metrics.parquet), so actor start-up (which grows with N) is not in it; predicted: the model's ``sps_steady``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+LATENCIES = {"uniform": "[2]", "hetero": "[1,2,4,8]"}
+
+
+def budget(n: int) -> int:
+    """Enough rollouts per actor for a steady state: at least 40 batches and 10 rounds of every actor."""
+    return int(max(40960, 10 * n * 4 * 32))
+
+
+def overrides(n: int, lat: str) -> List[str]:
+    return ["env=latency", f"env.latency_ms={LATENCIES[lat]}", f"actors={n}", f"total_env_steps={budget(n)}"]
+
+
+def train(run_dir: Path, ovs: List[str]) -> Dict[str, float]:
+    cmd = [sys.executable, str(ROOT / "train.py"), *ovs, f"hydra.run.dir={run_dir}", "tracking.wandb.mode=disabled",
+           "tracking.console_every_s=1e9", "tracking.progress=false"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{run_dir.name} failed:\n{p.stderr[-3000:]}")
+    s = json.loads((run_dir / "summary.json").read_text())
+    m = pd.read_parquet(run_dir / "metrics.parquet")
+    steady = (m["env_steps"].iloc[-1] - m["env_steps"].iloc[0]) / (m["wall_time"].iloc[-1] - m["wall_time"].iloc[0])
+    return {"sps": float(s["sps"]), "sps_steady": float(steady), "lag_mean": float(s["lag"]["mean"]),
+            "lag_p95": float(s["lag"]["p95"]), "wall_s": float(s["wall_time_s"])}
+
+
+def predict(ovs: List[str], costs: Path) -> Dict[str, float]:
+    p = subprocess.run([sys.executable, "-m", "laglab.sim", *ovs, "--costs", str(costs), "--json"], cwd=ROOT,
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(p.stderr)
+    return json.loads(p.stdout)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--actors", default="1,2,4,8,16,32,64")
+    ap.add_argument("--latencies", default="uniform,hetero")
+    ap.add_argument("--calibrate-on", default="2,8", help="actor counts of the calibration runs (uniform latency)")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    out = Path(a.out or f"/tmp/sim_validate_{time.strftime('%Y%m%d_%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)", flush=True)
+    cal = [out / f"calibrate_a{n}" for n in map(int, a.calibrate_on.split(","))]
+    for d, n in zip(cal, map(int, a.calibrate_on.split(","))):
+        train(d, overrides(n, "uniform"))
+    p = subprocess.run([sys.executable, "-m", "laglab.sim", "--calibrate", *map(str, cal)], cwd=ROOT,
+                       capture_output=True, text=True, check=True)
+    costs = out / "costs.json"
+    costs.write_text(p.stdout)
+    print("costs:", p.stdout, flush=True)
+    cells = [(lat, n) for lat in a.latencies.split(",") for n in map(int, a.actors.split(","))]
+    preds = {f"{lat}/{n}": predict(overrides(n, lat), costs) for lat, n in cells}
+    (out / "predictions.json").write_text(json.dumps({"written_at": time.time(), "predictions": preds}, indent=1))
+    print(f"predictions written to {out / 'predictions.json'} before any validation run", flush=True)
+    rows = []
+    for lat, n in cells:
+        real = train(out / f"{lat}_a{n}", overrides(n, lat))
+        pr = preds[f"{lat}/{n}"]
+        rows.append({"latency": lat, "actors": n, "sps pred": pr["sps_steady"], "sps real": real["sps_steady"],
+                     "sps err": pr["sps_steady"] / real["sps_steady"] - 1, "lag pred": pr["lag_mean"],
+                     "lag real": real["lag_mean"], "lag err": pr["lag_mean"] / max(real["lag_mean"], 1e-9) - 1,
+                     "p95 pred": pr["lag_p95"], "p95 real": real["lag_p95"],
+                     "p95 diff": pr["lag_p95"] - real["lag_p95"]})
+        print(json.dumps(rows[-1], default=float), flush=True)
+    df = pd.DataFrame(rows)
+    df.to_csv(out / "validation.csv", index=False)
+    print()
+    print(df.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    print(f"\nworst |SPS error| {np.abs(df['sps err']).max():.1%}; worst |mean-lag error| "
+          f"{np.abs(df['lag err']).max():.1%}; worst |p95 difference| {np.abs(df['p95 diff']).max():g} versions")
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
