@@ -487,7 +487,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"{cfg.total_env_steps:,} steps, {costs.cores:g} cores")
     for k in OUTPUTS:
         print(f"  {k:22s} {out[k]:.4g}")
-    print(f"  lag histogram          {out['lag_hist']}")
+    h = out["lag_hist"]
+    shown = ", ".join(f"{k}: {c}" for k, c in enumerate(h) if c)
+    print(f"  lag histogram          {{lag: fragments}} {{{shown if len(shown) < 300 else shown[:300] + ' ...'}}}")
     return 0
 
 

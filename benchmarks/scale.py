@@ -1,0 +1,137 @@
+"""Past one machine on paper: laglab.sim's predictions for 100-4096 actors on a cluster (every actor and the learner
+on its own CPU, the Ray path's cost per fragment), for three presets — CartPole, HalfCheetah and a 20 ms
+robot-like simulator — with where the learner saturates, the lag and data age that follow, what
+``learner.max_policy_lag`` would drop, and the actor count seed 004's rule recommends.
+
+    python benchmarks/scale.py [--actors 1,2,4,...,4096] [--costs-dir benchmarks/costs] [--out DIR]
+
+Costs: ``<costs-dir>/<preset>.json`` from ``python -m laglab.sim --calibrate <real runs of that preset>`` on a quiet
+machine; a preset without one runs on laglab.sim's default costs and its rows say ``uncalibrated``.
+
+Seed 004's rule: grow the actor count while throughput still pays and the policy lag keeps KL(behavior || current)
+within its band (< 0.01 fine, 0.01-0.03 watch, > 0.03 too stale). KL is not in the model (it depends on the
+policy): it comes from the lag-cost studies, which measured KL at each fixed lag at the tuned step size
+(``--kl env_id=reports/<study>``), interpolated in log2(1 + lag). The recommendation is the largest N whose
+predicted KL at its mean lag is <= --kl-max (default 0.03) and whose SPS is still >= 1.1x the previous N's (the
+knee); presets without a study say so.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+RAY_FRAGMENT_S = 220e-6  # the Ray path's learner-side cost per fragment, measured (README: runner=ray)
+PRESETS = {
+    "cartpole": ["env=cartpole"],
+    "halfcheetah": ["env=halfcheetah"],
+    "robot20ms": ["env=latency", "env.latency_ms=[20]"],
+}
+LATENCY = {"robot20ms": "lognormal:20,0.2"}  # a simulator's step time jitters (fixed steps would phase-lock)
+KL_STUDIES = {"CartPole-v1": "reports/lag_cost_tuned_cartpole", "Pendulum-v1": "reports/lag_cost_tuned_pendulum"}
+ENV_IDS = {"cartpole": "CartPole-v1", "halfcheetah": "HalfCheetah-v5", "robot20ms": None}
+
+
+def steps_for(n: int, per_rollout: int) -> int:
+    """At least 10 rollouts per actor and 200 batches: a steady state after the start."""
+    return int(max(10 * n * per_rollout, 200 * 1024))
+
+
+def simulate(preset: str, n: int, costs: Optional[Path]) -> Dict[str, float]:
+    ovs = [*PRESETS[preset], "runner=ray", f"actors={n}"]
+    envs = 8 if preset != "robot20ms" else 4
+    ovs.append(f"total_env_steps={steps_for(n, envs * 32)}")
+    cmd = [sys.executable, "-m", "laglab.sim", *ovs, "--json", "--cost", f"cores={n + 1}"]
+    if costs is not None:
+        cmd += ["--costs", str(costs)]
+    if costs is None or "fragment_s" not in json.loads(costs.read_text()):
+        cmd += ["--cost", f"fragment_s={RAY_FRAGMENT_S}"]
+    if preset in LATENCY:
+        cmd += ["--latency", LATENCY[preset]]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{preset} N={n}: {p.stderr}")
+    return json.loads(p.stdout)
+
+
+def dropped_by(hist: List[int], k: int) -> float:
+    """The fraction of trained transitions older than k versions: what learner.max_policy_lag=k would drop."""
+    h = np.asarray(hist, float)
+    return float(h[k + 1:].sum() / h.sum()) if h.sum() else float("nan")
+
+
+def kl_map(study: Path, algo: str = "ppo"):
+    """KL(behavior || current) against lag at each arm's selected step size, from a committed lag-cost study."""
+    runs = pd.read_csv(study / "runs.csv")
+    sel = pd.read_csv(study / "selection.csv")
+    sel = sel[sel["cfg.algo.name"] == algo]
+    pts = []
+    for _, s in sel.iterrows():
+        r = runs[(runs["cfg.algo.name"] == algo) & (runs["cfg.actor.fixed_lag"] == s["cfg.actor.fixed_lag"])
+                 & np.isclose(runs["cfg.learner.lr"], s["cfg.learner.lr"])]
+        pts.append((float(r["lag_mean"].median()), float(r["kl_behavior"].median())))
+    pts.sort()
+    x = np.log2(1 + np.array([p[0] for p in pts]))
+    y = np.array([p[1] for p in pts])
+    return lambda lag: float(np.interp(np.log2(1 + lag), x, y)), max(p[0] for p in pts)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--actors", default="1,2,4,8,16,32,64,100,256,512,1024,2048,4096")
+    ap.add_argument("--presets", default=",".join(PRESETS))
+    ap.add_argument("--costs-dir", default=str(ROOT / "benchmarks" / "costs"))
+    ap.add_argument("--kl-max", type=float, default=0.03)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    out = Path(a.out or f"/tmp/scale_{time.strftime('%Y%m%d_%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for preset in a.presets.split(","):
+        costs = Path(a.costs_dir) / f"{preset}.json"
+        costs = costs if costs.exists() else None
+        env_id = ENV_IDS[preset]
+        study = ROOT / KL_STUDIES[env_id] if env_id in KL_STUDIES else None
+        kl, kl_lag_max = kl_map(study) if study is not None and (study / "selection.csv").exists() else (None, None)
+        for n in map(int, a.actors.split(",")):
+            o = simulate(preset, n, costs)
+            kl_at = kl(o["lag_mean"]) if kl is not None else float("nan")
+            rows.append({"preset": preset, "actors": n, "costs": "calibrated" if costs else "uncalibrated",
+                         "sps": o["sps_steady"], "learner_util": o["learner_utilization"],
+                         "lag_mean": o["lag_mean"], "lag_p95": o["lag_p95"], "age_s": o["age_s_mean"],
+                         "drop@4": dropped_by(o["lag_hist"], 4), "drop@16": dropped_by(o["lag_hist"], 16),
+                         "kl_pred": kl_at,
+                         "kl_extrapolated": bool(kl is not None and o["lag_mean"] > kl_lag_max)})
+            print(json.dumps(rows[-1], default=float), flush=True)
+    df = pd.DataFrame(rows)
+    df.to_csv(out / "scale.csv", index=False)
+    print()
+    print(df.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    print()
+    for preset, g in df.groupby("preset", sort=False):
+        g = g.sort_values("actors")
+        sat = g[g["learner_util"] >= 0.95]
+        where = f"the learner saturates by N = {int(sat['actors'].iloc[0])}" if len(sat) else \
+            f"the learner is not saturated at N = {int(g['actors'].max())}"
+        rec = "no KL map (no lag-cost study for this env)"
+        if g["kl_pred"].notna().all():
+            ok = g[g["kl_pred"] <= a.kl_max]
+            gain = g["sps"] / g["sps"].shift(1)
+            knee = g[(gain >= 1.1) | gain.isna()]
+            both = sorted(set(ok["actors"]) & set(knee["actors"]))
+            rec = f"seed 004's rule recommends N = {both[-1]}" if both else "no N in range meets seed 004's rule"
+        print(f"{preset}: {where}; {rec}")
+    print(f"\nwritten: {out / 'scale.csv'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
