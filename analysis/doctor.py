@@ -1,0 +1,513 @@
+"""The run doctor: the practitioner's troubleshooting table (seed 004) applied to a run.
+
+    python -m analysis.doctor <run dir or sweep dir> [--json] [--md report.md]
+
+Reads a run's metrics.parquet, actors.parquet and summary.json and reports, rule by rule, what it found (the
+evidence: update range and numbers), how serious it is (``ok``, ``watch``, ``act``) and what to change, as config
+overrides to paste after ``python train.py``. The rules and thresholds are the guide's:
+
+* ``kl_behavior``: KL(behavior || current) below 0.01 is fine, 0.01-0.03 needs watching, above 0.03 the stale samples
+  hurt convergence: fewer actors, a shorter queue (its 4.2 and 4.3).
+* ``loss_explosion``: loss jumps or diverges; check KL and version lag first; lower the clip, dual-clip, force a
+  refresh of stale actors (5.1).
+* ``lagging_worker``: an actor far behind the learner's version (5.1: the worker still on version 120 while the
+  learner is at 200): forced refresh.
+* ``parameter_wait``: actors spending their time fetching parameters (5.2): a minimum sync interval.
+* ``queue_age``: data waiting in the queue for several updates (4.2, 5.4's sawtooth curves): a shorter queue, fewer
+  actors.
+* ``late_jitter``: the return falls back after it peaked (5.3): check seeds, raise GAE lambda, fewer epochs.
+* ``value_instability``: the critic does not explain the returns (5.3/5.4): update the value function less.
+* ``throughput``: updates whose SPS drops below half the run's usual (5.2): look at actor utilisation and sync
+  time.
+* ``books``: every transition accounted for (the transport seed): produced = admitted + dropped + rejected +
+  in flight, nothing misattributed.
+
+It also says where the run is in the guide's tuning order (4.3): 1. hold KL under 0.02 with the actor count and the
+queue length; 2. add actors up to the throughput/KL knee; 3. then the batch size; 4. then clip and epochs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import pandas as pd
+import yaml
+
+SEVERITY = ("ok", "watch", "act")
+KL_FINE, KL_HARM, KL_TUNE = 0.01, 0.03, 0.02  # seed 004: < 0.01 fine, 0.01-0.03 watch, > 0.03 harmful; tune to < 0.02
+
+
+class DoctorError(ValueError):
+    """Not a run the doctor can read (the message says what it is instead)."""
+
+
+@dataclass
+class Finding:
+    rule: str
+    severity: str  # ok | watch | act
+    title: str
+    evidence: str
+    overrides: List[str] = field(default_factory=list)
+    advice: str = ""
+
+
+@dataclass
+class Run:
+    path: Path
+    summary: Dict
+    cfg: Dict
+    metrics: pd.DataFrame
+    actors: pd.DataFrame
+
+    def get(self, dotted: str, default=None):
+        node = self.cfg
+        for k in dotted.split("."):
+            if not isinstance(node, dict) or k not in node:
+                return default
+            node = node[k]
+        return node
+
+    @property
+    def steady(self) -> pd.DataFrame:
+        """The second half of the updates: past the start, where a run's habits show."""
+        m = self.metrics
+        return m.iloc[len(m) // 2:] if len(m) >= 4 else m
+
+
+def read_run(path: Path) -> Run:
+    path = Path(path)
+    if not (path / "summary.json").is_file():
+        raise DoctorError(f"{path}: not a run dir (no summary.json)")
+    try:
+        summary = json.loads((path / "summary.json").read_text())
+    except json.JSONDecodeError as e:
+        raise DoctorError(f"{path}/summary.json is not JSON ({e}): the run was cut off while writing it") from None
+    cfg_file = path / ".hydra" / "config.yaml"
+    cfg = yaml.safe_load(cfg_file.read_text()) if cfg_file.is_file() else {}
+    m = pd.read_parquet(path / "metrics.parquet") if (path / "metrics.parquet").is_file() else pd.DataFrame()
+    a = pd.read_parquet(path / "actors.parquet") if (path / "actors.parquet").is_file() else pd.DataFrame()
+    return Run(path, summary, cfg or {}, m, a)
+
+
+def _upd(m: pd.DataFrame, mask) -> str:
+    u = m.loc[mask, "update"] if "update" in m else pd.Series(dtype=float)
+    if not len(u):
+        return ""
+    return f"update {int(u.iloc[0])}" if len(u) == 1 else f"updates {int(u.iloc[0])}-{int(u.iloc[-1])} ({len(u)} of them)"
+
+
+def _col(m: pd.DataFrame, name: str) -> Optional[pd.Series]:
+    return m[name].astype(float) if name in m and len(m) else None
+
+
+# ---- the rules ---------------------------------------------------------------------------------------------
+def rule_kl(r: Run) -> Finding:
+    kl = _col(r.steady, "lag/kl_behavior")
+    if kl is None or kl.isna().all():
+        return Finding("kl_behavior", "ok", "KL(behavior || current)", "not measured in this run")
+    med, hi = float(kl.median()), float(kl.max())
+    over = r.steady["lag/kl_behavior"] > KL_HARM
+    sev = "act" if med > KL_HARM else "watch" if med > KL_FINE else "ok"
+    ev = f"median {med:.4f}, max {hi:.4f} over the second half of the updates"
+    if over.any():
+        ev += f"; above {KL_HARM} at {_upd(r.steady, over)}"
+    lag = _col(r.steady, "lag/mean")
+    if lag is not None:
+        ev += f"; mean version lag {lag.mean():.2f}"
+    ov, advice = [], "fine (seed 004: below 0.01)"
+    if sev != "ok":
+        n, cap = int(r.get("actors", 1) or 1), int(r.get("transport.capacity", 64) or 64)
+        ov = ([f"actors={max(1, n // 2)}"] if n > 1 else []) + [f"transport.capacity={max(1, cap // 2)}",
+                                                                 f"learner.max_kl_behavior={KL_TUNE}"]
+        advice = ("stale samples: hold KL under 0.02 with fewer actors or a shorter queue first; the KL cap drops "
+                  "what is still too far off")
+        if r.get("actor.fixed_lag") is not None:
+            advice = (f"this run fixes the lag (actor.fixed_lag={r.get('actor.fixed_lag')}): the staleness is the "
+                      "experiment; in a production run, " + advice)
+    return Finding("kl_behavior", sev, "KL(behavior || current)", ev, ov, advice)
+
+
+def rule_loss(r: Run) -> Finding:
+    m = r.metrics
+    div = r.summary.get("diverged_at_update")
+    if div is not None:
+        ev = f"the loss became non-finite at update {div}"
+    else:
+        kl = _col(m, "losses/approx_kl")
+        vl = _col(m, "losses/value_loss")
+        if kl is None or len(m) < 8:
+            return Finding("loss_explosion", "ok", "loss explosion", "too few updates to judge" if len(m) else
+                           "no updates")
+        # a jump against the trailing median of the 10 updates before (losses shrink as a run converges and
+        # its step size anneals: a whole-run median would call a healthy start an explosion)
+        prev_kl = kl.rolling(10, min_periods=3).median().shift(1).fillna(0.0)  # (the first: against 0.2 alone)
+        kl_jump = (kl > np.maximum(20 * prev_kl, 0.2)) | ~np.isfinite(kl)  # (healthy PPO: approx KL 0.02-0.05)
+        v_jump = pd.Series(False, index=kl.index)
+        if vl is not None:
+            prev_v = vl.rolling(10, min_periods=3).median().shift(1).fillna(np.inf)
+            v_jump = vl > 100 * np.maximum(prev_v, 1e-8)
+        jump = kl_jump | v_jump
+        if not jump.any():
+            return Finding("loss_explosion", "ok", "loss explosion",
+                           "no update's approx KL above max(20x the median of the 10 before, 0.2), nor value loss "
+                           "above 100x theirs")
+        parts = []
+        if kl_jump.any():
+            parts.append(f"approx KL jumped at {_upd(m, kl_jump)} (max {float(kl[kl_jump].max()):.3g}; the run's "
+                         f"median {float(kl.median()):.4f})")
+        if v_jump.any():
+            parts.append(f"value loss jumped more than 100x over the 10 updates before at {_upd(m, v_jump)} (max "
+                         f"{float(vl[v_jump].max()):.4g}; the run's median {float(vl.median()):.4g})")
+        ev = "; ".join(parts)
+        m = m[jump]
+    bkl, lag = _col(m, "lag/kl_behavior"), _col(m, "lag/mean")
+    if bkl is not None and len(m):
+        ev += f"; there, KL(behavior || current) {bkl.max():.4f} and version lag {lag.max():.2f}"
+    lr = float(r.get("learner.lr", 1e-3) or 1e-3)
+    clip = float(r.get("algo.loss.clip_eps", 0.2) or 0.2)
+    stale = lag is not None and len(m) and float(lag.max()) >= 1
+    ov = [f"algo.loss.clip_eps={max(0.05, round(clip / 2, 3))}", f"learner.lr={lr / 2:g}"]
+    if r.get("algo.loss.kind") in ("clip", "decoupled"):
+        ov.append("algo=dual_clip")
+    if stale:
+        ov.append(f"actor.refresh_lag={max(1, int(round(float(lag.max()) / 3)))}")
+    return Finding("loss_explosion", "act", "loss explosion", ev, ov,
+                   "the guide's first check is KL and version lag; then a smaller clip (or dual-clip) bounds what "
+                   "one stale sample can do, and a forced refresh stops actors acting with very old versions")
+
+
+def rule_lagging_worker(r: Run) -> Finding:
+    a = r.actors
+    if not len(a) or "lag" not in a or a["actor"].nunique() < 2:
+        return Finding("lagging_worker", "ok", "a worker far behind", "fewer than two actors")
+    half = a[a["update"] >= a["update"].max() / 2]
+    per = half.groupby("actor")["lag"].median().dropna()
+    if per.empty:
+        return Finding("lagging_worker", "ok", "a worker far behind", "no actor versions recorded")
+    typical, worst, who = float(per.median()), float(per.max()), int(per.idxmax())
+    sev = "ok"
+    if worst > max(4.0, 4 * typical):
+        sev = "act"
+    elif worst > max(2.0, 2 * typical):
+        sev = "watch"
+    ev = (f"actor {who}: median {worst:g} versions behind the learner over the second half; the actors' median "
+          f"{typical:g}")
+    ov = [f"actor.refresh_lag={max(1, int(np.ceil(2 * max(typical, 1))))}"] if sev != "ok" else []
+    return Finding("lagging_worker", sev, "a worker far behind", ev, ov,
+                   "a forced refresh makes a far-behind actor drop its rollout and load the newest version" if ov
+                   else "")
+
+
+def _shares(r: Run) -> Optional[pd.DataFrame]:
+    a = r.actors
+    if not len(a):
+        return None
+    last = a.sort_values("update").groupby("actor").last()
+    keys = [k for k in ("env_s", "infer_s", "snapshot_s", "throttle_s", "blocked_s") if k in last]
+    total = last[keys].sum(axis=1).replace(0, np.nan)
+    return last[keys].div(total, axis=0)
+
+
+def rule_parameter_wait(r: Run) -> Finding:
+    sh = _shares(r)
+    if sh is None or "snapshot_s" not in sh:
+        return Finding("parameter_wait", "ok", "time waiting for parameters", "no actor timings")
+    frac = float(sh["snapshot_s"].mean())
+    sev = "act" if frac > 0.25 else "watch" if frac > 0.10 else "ok"
+    ev = f"actors spend {frac:.1%} of their time fetching and loading snapshots (mean over actors)"
+    ov = ["actor.sync_min_lag=2", "learner.broadcast_every=2"] if sev != "ok" else []
+    return Finding("parameter_wait", sev, "time waiting for parameters", ev, ov,
+                   "sync less often: keep acting with a snapshot until it is a few versions old (a minimum sync "
+                   "interval), or publish every few updates" if ov else "")
+
+
+def rule_queue_age(r: Run) -> Finding:
+    m = r.steady
+    age, upd = _col(m, "transport/age_s_mean"), _col(m, "learner/compute_s")
+    if age is None or upd is None or r.get("runner.name") == "sync":
+        return Finding("queue_age", "ok", "queue age vs update time", "no queue in this run")
+    a, u = float(age.median()), float(upd.median())
+    ratio = a / u if u > 0 else float("nan")
+    sev = "act" if ratio > 5 else "watch" if ratio > 2 else "ok"
+    depth = _col(m, "transport/queue_depth")
+    ev = (f"fragments wait {a * 1e3:.1f} ms in the queue (median), {ratio:.1f} updates' time "
+          f"({u * 1e3:.1f} ms each)")
+    if depth is not None:
+        ev += f"; queue depth median {depth.median():g} of {r.get('transport.capacity', '?')}"
+    ov = []
+    if sev != "ok":
+        n, cap = int(r.get("actors", 1) or 1), int(r.get("transport.capacity", 64) or 64)
+        ov = [f"transport.capacity={max(1, cap // 2)}"] + ([f"actors={max(1, n // 2)}"] if n > 1 else [])
+    return Finding("queue_age", sev, "queue age vs update time", ev, ov,
+                   "data waits for several updates before it is used: a shorter queue or fewer actors (the guide's "
+                   "cure for sawtooth curves)" if ov else "")
+
+
+def rule_late_jitter(r: Run) -> Finding:
+    ret = _col(r.metrics, "episodic_return_mean")
+    if ret is None or ret.notna().sum() < 10:
+        return Finding("late_jitter", "ok", "the return after it peaked", "too few updates with returns")
+    ret = ret.dropna().reset_index(drop=True)
+    span = float(ret.max() - ret.min())
+    if span <= 0:
+        return Finding("late_jitter", "ok", "the return after it peaked", "a flat return curve")
+    if float(ret.iloc[0]) >= float(ret.max()) - 0.2 * span:
+        return Finding("late_jitter", "ok", "the return after it peaked",
+                       f"the return never rose well above its start ({ret.iloc[0]:.1f}, best {ret.max():.1f}): "
+                       "not learning, rather than falling back")
+    peak_at = int(ret.idxmax())
+    after = ret.iloc[peak_at:]
+    drop = float(ret.max() - after.min()) / span  # how far it fell back after its best, as a share of its range
+    late = ret.iloc[int(len(ret) * 0.7):]
+    final_gap = float(ret.max() - late.iloc[-1]) / span
+    sev = "act" if drop > 0.5 and final_gap > 0.3 else "watch" if drop > 0.2 else "ok"
+    ev = (f"best rolling return {ret.max():.1f} at update {peak_at + 1} of {len(ret)}; afterwards it fell to "
+          f"{after.min():.1f} ({drop:.0%} of the curve's range) and ended at {ret.iloc[-1]:.1f}")
+    lam = float(r.get("algo.advantage.lam", 0.95) or 0.95)
+    epochs = int(r.get("learner.epochs", 4) or 4)
+    ov = [f"algo.advantage.lam={min(0.99, round(lam + 0.03, 2))}", f"learner.epochs={max(1, epochs // 2)}"] \
+        if sev != "ok" else []
+    return Finding("late_jitter", sev, "the return after it peaked", ev, ov,
+                   "check the run over several seeds (python train.py -m seed=0,1,2,3,4) before changing anything; "
+                   "then a higher GAE lambda smooths the advantages and fewer epochs overfit old samples less"
+                   if ov else "")
+
+
+def rule_value(r: Run) -> Finding:
+    ev_ = _col(r.steady, "losses/explained_variance")
+    if ev_ is None or ev_.isna().all():
+        return Finding("value_instability", "ok", "value estimates", "not measured")
+    med = float(ev_.median())
+    vl = _col(r.steady, "losses/value_loss")
+    cv = float(vl.std() / vl.mean()) if vl is not None and vl.mean() > 0 else float("nan")
+    sev = "act" if med < 0 else "watch" if med < 0.2 else "ok"
+    ev = f"explained variance median {med:.2f} over the second half; value loss coefficient of variation {cv:.2f}"
+    vf = float(r.get("algo.loss.vf_coef", 0.5) or 0.5)
+    ov = [f"algo.loss.vf_coef={vf / 2:g}", f"learner.epochs={max(1, int(r.get('learner.epochs', 4) or 4) // 2)}"] \
+        if sev != "ok" else []
+    return Finding("value_instability", sev, "value estimates", ev, ov,
+                   "the critic does not explain the returns: the guide updates the value function less often "
+                   "(here: a smaller value loss weight, fewer epochs)" if ov else "")
+
+
+def rule_throughput(r: Run) -> Finding:
+    m = r.metrics
+    if len(m) < 12 or "wall_time" not in m:
+        return Finding("throughput", "ok", "throughput drops", "too few updates to judge")
+    # SPS over windows of k updates (one update's window is noise in an asynchronous run: batches arrive in
+    # bursts), each against the median of the windows before it: a drop is a window below half of that
+    k = max(3, len(m) // 20)
+    sps = (m["env_steps"].diff(k) / m["wall_time"].diff(k)).iloc[k + 1:].reset_index(drop=True)
+    upd = m["update"].iloc[k + 1:].reset_index(drop=True)
+    before = sps.expanding().median().shift(1)
+    drop = (sps < 0.5 * before) & (sps.index >= 5)
+    frac = float(drop.mean())
+    sev = "act" if frac > 0.3 else "watch" if drop.sum() >= 2 else "ok"
+    ev = f"SPS over {k}-update windows: median {sps.median():,.0f}"
+    if drop.any():
+        lo = upd[drop]
+        ev += (f"; below half of the level before it in {int(drop.sum())} windows ({frac:.0%}), ending at updates "
+               f"{int(lo.iloc[0])}-{int(lo.iloc[-1])}, lowest {sps[drop].min():,.0f}")
+    else:
+        ev += "; no window below half of the level before it"
+    sh = _shares(r)
+    if sh is not None:
+        ev += "; actors' time: " + ", ".join(f"{k_[:-2]} {v:.0%}" for k_, v in sh.mean().items())
+    ov = ["actor.sync_min_lag=2"] if sev != "ok" else []
+    return Finding("throughput", sev, "throughput drops", ev, ov,
+                   "look at where the actors' time went: waiting for parameters (sync less often), throttled or "
+                   "blocked (the learner is the bottleneck), or an actor that stopped (restarts in summary.json)"
+                   if ov else "")
+
+
+def rule_books(r: Run) -> Finding:
+    t = r.summary.get("transport") or {}
+    if not t:
+        return Finding("books", "watch", "the books", "summary.json has no transport books")
+    un, worst = int(t.get("unaccounted", 0) or 0), int(t.get("worst_unaccounted_at_update", 0) or 0)
+    mis = int(t.get("misattributed", 0) or 0)
+    produced = int(t.get("produced", 0) or 0)
+    dropped, rejected = t.get("dropped") or {}, t.get("rejected") or {}
+    def part(name: str, d: Dict[str, int]) -> str:
+        why = ", ".join(f"{k} {v:,}" for k, v in d.items() if v)
+        return f"{name} {sum(d.values()):,}" + (f" ({why})" if why else "")
+
+    ev = (f"produced {produced:,} = admitted {int(t.get('admitted', 0) or 0):,} + {part('dropped', dropped)} + "
+          f"{part('rejected', rejected)} + in flight {int(t.get('in_flight', 0) or 0):,}; unaccounted {un}, worst "
+          f"at any update {worst}, misattributed {mis}")
+    if un or worst or mis:
+        return Finding("books", "act", "the books", ev, [],
+                       "transitions are unaccounted for or misattributed: a transport bug; keep this run dir and "
+                       "report it")
+    return Finding("books", "ok", "the books", ev)
+
+
+RULES: List[Callable[[Run], Finding]] = [rule_kl, rule_loss, rule_lagging_worker, rule_parameter_wait,
+                                         rule_queue_age, rule_late_jitter, rule_value, rule_throughput, rule_books]
+TUNING = {1: "hold KL under 0.02 with the actor count and the queue length",
+          2: "add actors until throughput stops paying or KL rises (the knee)",
+          3: "then the batch size (more samples per update, rather than more actors)",
+          4: "then clip and epochs, for learning per sample"}
+
+
+def tuning_step(r: Run, findings: Dict[str, Finding]) -> Dict[str, object]:
+    """Where the run is in the guide's order (4.3): the first step whose condition is not met yet."""
+    kl = _col(r.steady, "lag/kl_behavior")
+    if (kl is not None and float(kl.median()) > KL_TUNE) or findings["queue_age"].severity == "act":
+        step, why = 1, "KL is above 0.02 or data waits in the queue: fix staleness before anything else"
+    else:
+        wait = _col(r.steady, "learner/wait_frac")
+        if wait is not None and float(wait.median()) > 0.2 and r.get("runner.name") != "sync":
+            step, why = 2, (f"KL is in hand and the learner waits for data {float(wait.median()):.0%} of the time: "
+                            f"more actors would pay (try actors={2 * int(r.get('actors', 1) or 1)})")
+        elif any(findings[k].severity != "ok" for k in ("late_jitter", "loss_explosion", "value_instability")):
+            step, why = 4, "staleness and throughput are in hand; the learning itself is what to tune"
+        else:
+            step, why = 3, "KL is in hand and the learner is busy: more data per update comes from the batch size"
+    return {"step": step, "what": TUNING[step], "why": why}
+
+
+def diagnose(path: str | Path) -> Dict[str, object]:
+    """Every rule on one run dir: {"run", "status", "notes", "findings": [...], "tuning_step": {...}}."""
+    r = read_run(Path(path))
+    status = r.summary.get("status", "unknown")
+    notes = []
+    if status != "completed":
+        err = (r.summary.get("error") or "").strip().splitlines()
+        why = f": {err[0][:300]}" if err else ""
+        notes.append(f"the run is {status}{why}; what it recorded is below (summary.json has the whole error)")
+    if not len(r.metrics):
+        notes.append("no updates: the run stopped before its first learner update (only the books can be read)")
+    findings = {f.rule: f for f in (rule(r) for rule in RULES)}
+    out = {"run": str(r.path), "status": status, "notes": notes,
+           "findings": [asdict(f) for f in findings.values()],
+           "tuning_step": tuning_step(r, findings) if len(r.metrics) else None}
+    return out
+
+
+def find_run_dirs(path: Path) -> List[Path]:
+    if not path.exists():
+        raise DoctorError(f"{path}: no such run or sweep dir")
+    if (path / "summary.json").is_file():
+        return [path]
+    runs = sorted(p.parent for p in path.rglob("summary.json"))
+    if not runs:
+        raise DoctorError(f"{path}: no run dirs under it (a run dir has a summary.json; is this the run's output "
+                          "dir, e.g. outputs/<date>/<time>_...?)")
+    return runs
+
+
+# ---- output ------------------------------------------------------------------------------------------------
+def markdown(results: List[Dict[str, object]]) -> str:
+    lines = []
+    for res in results:
+        lines += [f"## {res['run']}", "", f"status: {res['status']}"]
+        lines += [f"- {n}" for n in res["notes"]]
+        lines += ["", "| rule | severity | evidence | change |", "|---|---|---|---|"]
+        for f in res["findings"]:
+            change = " ".join(f"`{o}`" for o in f["overrides"]) or "—"
+            lines.append(f"| {f['rule']} | {f['severity']} | {f['evidence']} | {change} |")
+        ts = res["tuning_step"]
+        if ts:
+            lines += ["", f"Tuning order (seed 004, 4.3): step {ts['step']} — {ts['what']}. {ts['why']}."]
+        lines.append("")
+    return "\n".join(lines)
+
+
+COLOUR = {"ok": "green", "watch": "yellow", "act": "red"}
+
+
+def print_sweep(results: List[Dict[str, object]], con) -> None:
+    """One row per run, one column per rule: the severities at a glance (details of what is not ok follow)."""
+    from rich.table import Table
+
+    names = [f["rule"] for f in next((r["findings"] for r in results if r["findings"]), [])]
+    t = Table(title=f"{len(results)} runs")
+    t.add_column("run", overflow="fold")
+    for n in names:
+        t.add_column(n.replace("_", " "), justify="center")
+    t.add_column("step", justify="center")
+    for res in results:
+        sev = {f["rule"]: f["severity"] for f in res["findings"]}
+        cells = [f"[{COLOUR[sev[n]]}]{sev[n]}[/]" if n in sev else "-" for n in names]
+        ts = res["tuning_step"]
+        t.add_row(Path(res["run"]).name + ("" if res["status"] == "completed" else f" ({res['status']})"), *cells,
+                  str(ts["step"]) if ts else "-")
+    con.print(t)
+    for res in results:
+        bad = [f for f in res["findings"] if f["severity"] != "ok"]
+        if bad or res["notes"]:
+            con.print(f"[bold]{Path(res['run']).name}[/bold]")
+            for n in res["notes"]:
+                con.print(f"  [yellow]{n}[/yellow]")
+            for f in bad:
+                con.print(f"  [{COLOUR[f['severity']]}]{f['rule']}[/]: {f['evidence']}")
+                if f["overrides"]:
+                    con.print(f"    change: {' '.join(f['overrides'])}")
+
+
+def print_rich(results: List[Dict[str, object]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    colour = COLOUR
+    if len(results) > 1:
+        print_sweep(results, con)
+        return
+    for res in results:
+        con.print(f"[bold]{res['run']}[/bold]  status: {res['status']}")
+        for n in res["notes"]:
+            con.print(f"  [yellow]{n}[/yellow]")
+        t = Table(show_lines=False, expand=False)
+        for c in ("rule", "severity", "evidence", "paste after python train.py"):
+            t.add_column(c, overflow="fold")
+        for f in res["findings"]:
+            t.add_row(f["rule"], f"[{colour[f['severity']]}]{f['severity']}[/]", f["evidence"],
+                      " ".join(f["overrides"]))
+        con.print(t)
+        for f in res["findings"]:
+            if f["severity"] != "ok" and f["advice"]:
+                con.print(f"  [{colour[f['severity']]}]{f['rule']}[/]: {f['advice']}")
+        ts = res["tuning_step"]
+        if ts:
+            con.print(f"  tuning order (seed 004): [bold]step {ts['step']}[/bold] — {ts['what']}: {ts['why']}")
+        con.print()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m analysis.doctor", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("path", help="a run dir or a sweep dir (every run under it)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object (a list under 'runs' for a sweep)")
+    ap.add_argument("--md", metavar="FILE", help="also write the findings as markdown")
+    a = ap.parse_args(argv)
+    try:
+        runs = find_run_dirs(Path(a.path))
+        results = []
+        for d in runs:
+            try:
+                results.append(diagnose(d))
+            except DoctorError as e:
+                results.append({"run": str(d), "status": "unreadable", "notes": [str(e)], "findings": [],
+                                "tuning_step": None})
+    except DoctorError as e:
+        print(f"doctor: {e}", file=sys.stderr)
+        return 2
+    if a.md:
+        Path(a.md).write_text(markdown(results))
+    if a.json:
+        print(json.dumps(results[0] if len(results) == 1 and (Path(a.path) / "summary.json").is_file()
+                         else {"runs": results}, default=float))
+    else:
+        print_rich(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
