@@ -135,22 +135,17 @@ def keys_used() -> Tuple[List[str], List[str]]:
 
 
 def summary_table(runs_dir: Path) -> str:
-    """analysis.summarize of the runs, as a markdown table (group columns: the swept keys)."""
-    import analysis
+    """analysis.summarize of the runs (grouped by the swept keys), as a markdown table."""
+    import analysis  # (the same distribution: laglab's user-facing analysis)
 
     runs = analysis.load_runs([runs_dir])
     by = [f"cfg.{k}" for k in swept_keys(runs_dir) if f"cfg.{k}" in runs] or None
     table = analysis.summarize(runs, by=by) if by else analysis.summarize(runs)
-    return table.to_markdown(index=False) if hasattr(table, "to_markdown") and _has_tabulate() else \
-        table.to_string(index=False)
-
-
-def _has_tabulate() -> bool:
-    try:
-        import tabulate  # noqa: F401
-        return True
-    except ImportError:
-        return False
+    cols = [str(c) for c in table.columns]
+    cell = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
+    rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    rows += ["| " + " | ".join(cell(v) for v in r) + " |" for r in table.itertuples(index=False)]
+    return "\n".join(rows)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
