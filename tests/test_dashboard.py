@@ -80,3 +80,11 @@ def test_command_line_dry_run_and_a_clear_error_without_an_account(tmp_path):
     p = subprocess.run([sys.executable, "-m", "laglab.dashboard", "--entity", "me", "--project", "laglab",
                         "--runs", str(tmp_path / "nothing"), "--dry-run"], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 2 and "no run dirs" in p.stderr
+
+
+def test_a_sweeps_swept_keys_group_it_but_not_the_seed(tmp_path):
+    for i, (algo, seed) in enumerate([("ppo", 0), ("vtrace", 0), ("ppo", 1)]):
+        d = tmp_path / str(i) / ".hydra"
+        d.mkdir(parents=True)
+        (d / "overrides.yaml").write_text(f"- algo={algo}\n- seed={seed}\n- env=cartpole\n- hydra.x=1\n")
+    assert dashboard.swept_keys(tmp_path) == ["algo"]

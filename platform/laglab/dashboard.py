@@ -68,7 +68,7 @@ SECTIONS: Dict[str, List[Panel]] = {
 
 
 def swept_keys(runs_dir: Path) -> List[str]:
-    """The config keys whose values differ between the runs under ``runs_dir`` (a Hydra sweep dir)."""
+    """The config keys whose values differ between the runs under ``runs_dir`` (a Hydra sweep dir), but the seed."""
     import yaml
 
     vals: Dict[str, set] = {}
@@ -79,7 +79,7 @@ def swept_keys(runs_dir: Path) -> List[str]:
                 vals.setdefault(k, set()).add(v)
     if not vals:
         raise ValueError(f"{runs_dir}: no run dirs with .hydra/overrides.yaml under it")
-    return sorted(k for k, v in vals.items() if len(v) > 1)
+    return sorted(k for k, v in vals.items() if len(v) > 1 and k != "seed")  # (seeds are pooled within a group)
 
 
 def _line(p: Panel):
