@@ -34,6 +34,7 @@ import collections
 import dataclasses
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,16 +70,25 @@ class Costs:
                 raise SimError(f"costs.{f.name} must be a number >= 0, got {v!r}")
         if self.update_s <= 0:
             raise SimError(f"costs.update_s must be > 0, got {self.update_s!r}")
-        if self.cores < 1:
-            raise SimError(f"costs.cores must be >= 1, got {self.cores!r}")
+        if self.cores < 1 or self.cores != int(self.cores):
+            raise SimError(f"costs.cores must be an integer >= 1, got {self.cores!r}")
 
     @classmethod
     def from_dict(cls, d: Dict[str, float]) -> "Costs":
+        if not isinstance(d, dict):
+            raise SimError(f"costs must be a JSON object of name: seconds (as --calibrate prints), got {type(d).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known - {"calibrated_from", "notes"})
         if unknown:
             raise SimError(f"unknown cost {unknown[0]!r}; known: {', '.join(sorted(known))}")
-        c = cls(**{k: float(v) for k, v in d.items() if k in known})
+        vals = {}
+        for k, v in d.items():
+            if k in known:
+                try:
+                    vals[k] = float(v)
+                except (TypeError, ValueError):
+                    raise SimError(f"costs.{k} must be a number, got {v!r}") from None
+        c = cls(**vals)
         c.check()
         return c
 
@@ -102,6 +112,11 @@ class Latency:
                 raise SimError(f"lognormal latency median must be > 0 ms, got {self.median_ms!r}")
             if not (math.isfinite(self.sigma) and self.sigma >= 0):
                 raise SimError(f"lognormal latency sigma must be >= 0, got {self.sigma!r}")
+            if self.median_ms > 1e6 or self.sigma > 5:
+                raise SimError(f"lognormal latency: median <= 1e6 ms and sigma <= 5 (got {self.median_ms!r}, "
+                               f"{self.sigma!r}): beyond that the draws are not a simulator's step times")
+        if self.kind == "fixed" and any(x > 1e6 for x in self.per_actor_ms):
+            raise SimError(f"latency per actor must be <= 1e6 ms, got {self.per_actor_ms}")
 
     @classmethod
     def parse(cls, text: str) -> "Latency":
@@ -201,7 +216,15 @@ def _cpu(env, cpu, seconds: float, priority: int):
 def check(cfg: Config, costs: Costs, latency: Optional[Latency]) -> None:
     if cfg.runner.name.value == "sync":
         raise SimError("runner=sync is not modelled: it collects and updates in turn in one thread (no queue, no "
-                       "overlap); laglab.sim models the asynchronous runners (process, thread, ray)")
+                       "overlap); laglab.sim models actor processes (runner=process, runner=ray)")
+    if cfg.runner.name.value == "thread":
+        raise SimError("runner=thread is not modelled: its actors share the learner's interpreter (the GIL), "
+                       "which the model's cores do not; use runner=process or runner=ray")
+    if cfg.runner.name.value == "process" and getattr(cfg.runner, "actor_nice", 19) == 0:
+        raise SimError("runner.actor_nice=0 is not modelled: the model lets the learner preempt actors, as "
+                       "nice-19 actor processes let it; leave runner.actor_nice at its default")
+    if not (cfg.runner.poll_s > 0):
+        raise SimError(f"runner.poll_s must be > 0 for the model (the learner's starved wait), got {cfg.runner.poll_s}")
     costs.check()
     if latency is not None:
         latency.check()
@@ -221,7 +244,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     check(cfg, costs, latency)
     rng = np.random.default_rng(seed)
     env = simpy.Environment()
-    cpu = simpy.PreemptiveResource(env, capacity=max(1, int(costs.cores)))
+    cpu = simpy.PreemptiveResource(env, capacity=int(costs.cores))
     N, E, T = cfg.actors, cfg.actor.envs_per_actor, cfg.actor.rollout_len
     per_rollout = E * T
     total = int(cfg.total_env_steps)
@@ -236,6 +259,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     history: Deque[int] = collections.deque([0], maxlen=(cfg.actor.fixed_lag or 0) + 1)
     published = [0]  # the version actors are given
     consumed = [0] * N  # per actor: steps the learner has taken (learner.consumed)
+    sent = [0] * N  # per actor: steps handed to the queue (whatever became of them)
     credit = [0] * N  # per actor: the credit the actor sees (from the last publication or grant)
     news = [env.event()]  # triggered at each publication or grant
     lags: List[int] = []
@@ -282,6 +306,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             for _ in range(E):
                 t0 = env.now
                 yield from q.put((i, T, version, env.now))
+                sent[i] += T  # handed over (admitted, refused or later evicted: its fate is the queue's)
                 st["blocked_s"] += env.now - t0
         st["done_actors"] += 1
         q.wake()  # a learner waiting for data: it may be time to end
@@ -303,8 +328,9 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
                             raise SimError(f"the model is stuck at t={env.now:.3f}s: every actor is paused and "
                                            "the learner has nothing to take")
                         stuck[0] = st["produced"] if st["paused"] + st["done_actors"] == N else -1
-                        if credit != consumed:  # starved for poll_s: grant credit for what was taken
-                            credit[:] = consumed
+                        grant = [max(c, x) for c, x in zip(consumed, sent)]
+                        if credit != grant:  # starved for poll_s: credit what was taken or handed over (as
+                            credit[:] = grant  # starved_credits: refused or evicted data must not hold actors)
                             ring()
                     continue
             item = q.get()
@@ -395,12 +421,19 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
             raise SimError(f"{d}: not a completed run (status {s.get('status')!r})")
         m = pd.read_parquet(d / "metrics.parquet")
         cfg = yaml.safe_load((d / ".hydra" / "config.yaml").read_text())
+        if (cfg.get("learner") or {}).get("max_kl_behavior") is not None:
+            raise SimError(f"{d}: ran with learner.max_kl_behavior (its KL checks are in the learner's time per "
+                           "fragment, and the model does not have them): calibrate on runs without it")
+        if "learner/compute_s" not in m or not len(m):
+            raise SimError(f"{d}: metrics.parquet has no learner/compute_s rows (a run with no updates, or from an "
+                           "older laglab): calibrate on a completed run of this version")
         E = int(cfg["actor"]["envs_per_actor"])
         lat = [float(x) for x in (cfg["env"].get("latency_ms") or [])]
         per["update_s"].append(float(m["learner/compute_s"].median()))
         if "learner/offer_s" in m:  # the learner's time per fragment, plus the receiver thread's (process runner)
             frags = float(s["transport"]["admitted_fragments"])
-            recv = float(m["transport/receive_s"].iloc[-1]) if "transport/receive_s" in m else 0.0
+            recv = float(m["transport/receive_s"].iloc[-1]) if "transport/receive_s" in m else 0.0  # (net of
+            # time blocked on a full queue: the process runner logs it so)
             per["fragment_s"].append((float(m["learner/offer_s"].sum()) + recv) / max(frags, 1.0))
         stats = {int(k): a for k, a in (s.get("actors_stats") or {}).items()}  # actor id -> its stats
         steps = sum(a.get("steps", 0) for a in stats.values())
@@ -420,6 +453,7 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
             per["startup_s"].append(max(0.0, float(su["first_env_step"]) - float(su["learner"])))
         used.append(str(d))
     out: Dict[str, object] = {k: float(np.median(v)) for k, v in per.items()}
+    out["cores"] = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     out["calibrated_from"] = used
     return out
 
@@ -477,11 +511,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         latency = Latency.parse(args.latency) if args.latency else None
         cfg = compose(args.overrides)
         out = simulate(cfg, costs, latency, seed=args.seed)
-    except (SimError, ConfigError, FileNotFoundError, json.JSONDecodeError) as e:
+    except (SimError, ConfigError, FileNotFoundError, json.JSONDecodeError, KeyError) as e:
         print(f"laglab.sim: {e}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(out))
+    if args.json:  # strict JSON: a figure that does not exist (no update, no lag) is null
+        print(json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}))
         return 0
     print(f"actors {cfg.actors} x {cfg.actor.envs_per_actor} envs, batch {cfg.learner.batch_size}, "
           f"{cfg.total_env_steps:,} steps, {costs.cores:g} cores")

@@ -183,7 +183,7 @@ class _Runner:
         return {"transport/queue_depth": float(self.queue.depth), "transport/queue_bytes": float(self.queue.bytes),
                 "transport/slots_in_use": float(np.count_nonzero(self.pool.state)),
                 "transport/slots_reclaimed": float(self.reclaimed),
-                "transport/receive_s": self.receive_s}  # the receiver thread's time so far (reading, copying)
+                "transport/receive_s": self.receive_s}  # the receiver's own time so far (reading, copying, books)
 
     def actor_stats(self) -> Dict[int, ActorStats]:
         out = {}
@@ -340,7 +340,7 @@ class _Runner:
                     continue
                 for conn in wait_conns(conns, timeout=self.poll):
                     child = self.by_conn[conn]
-                    t0 = time.perf_counter()
+                    t0, blocked0 = time.perf_counter(), self.queue.stats.blocked_s
                     try:
                         data = conn.recv_bytes(maxlength=1 << 24)
                     except (EOFError, OSError):
@@ -356,7 +356,8 @@ class _Runner:
                         continue
                     for part in parts:
                         self.handle(child, part)
-                    self.receive_s += time.perf_counter() - t0
+                    # its own work: the time waiting for room in a full queue is the queue's (blocked_s)
+                    self.receive_s += time.perf_counter() - t0 - (self.queue.stats.blocked_s - blocked0)
         except BaseException as e:  # noqa: BLE001 - surfaces in the learner loop
             self.receiver_error = e
 
