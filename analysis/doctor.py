@@ -81,12 +81,16 @@ class Run:
 
 def read_run(path: Path) -> Run:
     path = Path(path)
-    if not (path / "summary.json").is_file():
-        raise DoctorError(f"{path}: not a run dir (no summary.json)")
-    try:
-        summary = json.loads((path / "summary.json").read_text())
-    except json.JSONDecodeError as e:
-        raise DoctorError(f"{path}/summary.json is not JSON ({e}): the run was cut off while writing it") from None
+    if (path / "summary.json").is_file():
+        try:
+            summary = json.loads((path / "summary.json").read_text())
+        except json.JSONDecodeError as e:
+            raise DoctorError(f"{path}/summary.json is not JSON ({e}): the run was cut off while writing it") \
+                from None
+    elif (path / "metrics.parquet").is_file():  # killed (SIGKILL, out of memory) before it could write one
+        summary = {"status": "killed (no summary.json: the process ended without writing it)"}
+    else:
+        raise DoctorError(f"{path}: not a run dir (no summary.json, no metrics.parquet)")
     cfg_file = path / ".hydra" / "config.yaml"
     cfg = yaml.safe_load(cfg_file.read_text()) if cfg_file.is_file() else {}
     m = pd.read_parquet(path / "metrics.parquet") if (path / "metrics.parquet").is_file() else pd.DataFrame()
@@ -172,10 +176,13 @@ def rule_loss(r: Run) -> Finding:
     clip = float(r.get("algo.loss.clip_eps", 0.2) or 0.2)
     stale = lag is not None and len(m) and float(lag.max()) >= 1
     ov = [f"algo.loss.clip_eps={max(0.05, round(clip / 2, 3))}", f"learner.lr={lr / 2:g}"]
-    if r.get("algo.loss.kind") in ("clip", "decoupled"):
-        ov.append("algo=dual_clip")
+    kind = r.get("algo.loss.kind")
+    if kind == "clip":  # dual-clip for the algorithm the run uses (V-trace keeps its targets)
+        ov.append("algo=vtrace_dual_clip" if r.get("algo.advantage.estimator") == "vtrace" else "algo=dual_clip")
+    elif kind == "decoupled":
+        ov.append("algo.loss.kind=decoupled_dual_clip")
     if stale:
-        ov.append(f"actor.refresh_lag={max(1, int(round(float(lag.max()) / 3)))}")
+        ov.append(f"actor.refresh_lag={refresh_lag_for(r, float(lag.max()) / 3)}")
     return Finding("loss_explosion", "act", "loss explosion", ev, ov,
                    "the guide's first check is KL and version lag; then a smaller clip (or dual-clip) bounds what "
                    "one stale sample can do, and a forced refresh stops actors acting with very old versions")
@@ -197,10 +204,16 @@ def rule_lagging_worker(r: Run) -> Finding:
         sev = "watch"
     ev = (f"actor {who}: median {worst:g} versions behind the learner over the second half; the actors' median "
           f"{typical:g}")
-    ov = [f"actor.refresh_lag={max(1, int(np.ceil(2 * max(typical, 1))))}"] if sev != "ok" else []
+    ov = [f"actor.refresh_lag={refresh_lag_for(r, 2 * max(typical, 1))}"] if sev != "ok" else []
     return Finding("lagging_worker", sev, "a worker far behind", ev, ov,
                    "a forced refresh makes a far-behind actor drop its rollout and load the newest version" if ov
                    else "")
+
+
+def refresh_lag_for(r: Run, want: float) -> int:
+    """A forced-refresh threshold that composes with the run's own and the doctor's other suggestions: at least 2
+    (the parameter-wait rule may suggest actor.sync_min_lag=2) and at least the run's sync_min_lag."""
+    return max(2, int(r.get("actor.sync_min_lag", 0) or 0), int(np.ceil(want)))
 
 
 def _shares(r: Run) -> Optional[pd.DataFrame]:
@@ -252,6 +265,7 @@ def rule_late_jitter(r: Run) -> Finding:
     ret = _col(r.metrics, "episodic_return_mean")
     if ret is None or ret.notna().sum() < 10:
         return Finding("late_jitter", "ok", "the return after it peaked", "too few updates with returns")
+    upd = r.metrics.loc[ret.notna(), "update"].reset_index(drop=True) if "update" in r.metrics else None
     ret = ret.dropna().reset_index(drop=True)
     span = float(ret.max() - ret.min())
     if span <= 0:
@@ -266,7 +280,9 @@ def rule_late_jitter(r: Run) -> Finding:
     late = ret.iloc[int(len(ret) * 0.7):]
     final_gap = float(ret.max() - late.iloc[-1]) / span
     sev = "act" if drop > 0.5 and final_gap > 0.3 else "watch" if drop > 0.2 else "ok"
-    ev = (f"best rolling return {ret.max():.1f} at update {peak_at + 1} of {len(ret)}; afterwards it fell to "
+    at = int(upd.iloc[peak_at]) if upd is not None else peak_at + 1
+    last = int(r.metrics["update"].iloc[-1]) if "update" in r.metrics else len(ret)
+    ev = (f"best rolling return {ret.max():.1f} at update {at} of {last}; afterwards it fell to "
           f"{after.min():.1f} ({drop:.0%} of the curve's range) and ended at {ret.iloc[-1]:.1f}")
     lam = float(r.get("algo.advantage.lam", 0.95) or 0.95)
     epochs = int(r.get("learner.epochs", 4) or 4)
@@ -285,7 +301,7 @@ def rule_value(r: Run) -> Finding:
     med = float(ev_.median())
     vl = _col(r.steady, "losses/value_loss")
     cv = float(vl.std() / vl.mean()) if vl is not None and vl.mean() > 0 else float("nan")
-    sev = "act" if med < 0 else "watch" if med < 0.2 else "ok"
+    sev = "act" if med < -0.2 else "watch" if med < 0.2 else "ok"  # (near 0: the critic explains nothing)
     ev = f"explained variance median {med:.2f} over the second half; value loss coefficient of variation {cv:.2f}"
     vf = float(r.get("algo.loss.vf_coef", 0.5) or 0.5)
     ov = [f"algo.loss.vf_coef={vf / 2:g}", f"learner.epochs={max(1, int(r.get('learner.epochs', 4) or 4) // 2)}"] \
@@ -395,7 +411,9 @@ def find_run_dirs(path: Path) -> List[Path]:
         raise DoctorError(f"{path}: no such run or sweep dir")
     if (path / "summary.json").is_file():
         return [path]
-    runs = sorted(p.parent for p in path.rglob("summary.json"))
+    if (path / "metrics.parquet").is_file():
+        return [path]
+    runs = sorted({p.parent for p in path.rglob("summary.json")} | {p.parent for p in path.rglob("metrics.parquet")})
     if not runs:
         raise DoctorError(f"{path}: no run dirs under it (a run dir has a summary.json; is this the run's output "
                           "dir, e.g. outputs/<date>/<time>_...?)")
@@ -493,8 +511,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         for d in runs:
             try:
                 results.append(diagnose(d))
-            except DoctorError as e:
-                results.append({"run": str(d), "status": "unreadable", "notes": [str(e)], "findings": [],
+            except Exception as e:  # noqa: BLE001 - one unreadable run must not hide the others
+                why = str(e) if isinstance(e, DoctorError) else f"could not read it: {type(e).__name__}: {e}"
+                results.append({"run": str(d), "status": "unreadable", "notes": [why], "findings": [],
                                 "tuning_step": None})
     except DoctorError as e:
         print(f"doctor: {e}", file=sys.stderr)

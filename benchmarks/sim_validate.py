@@ -7,8 +7,9 @@ machine can hold many) and print predicted vs measured steady-state SPS, mean la
 Goal (issue 20): SPS and mean lag within 10% of measured, p95 lag within one version, at every N. Run it on a quiet
 machine (nothing else running: the env's sleeps overshoot under load); the load average at start and end is printed.
 
-Steady-state SPS, measured: env steps between the first and the last update over the wall time between them (from
-metrics.parquet), so actor start-up (which grows with N) is not in it; predicted: the model's ``sps_steady``.
+Steady-state SPS, measured: transitions trained between the first and the last update over the wall time between
+them (metrics.parquet), so actor start-up (which grows with N) is not in it; predicted: the model's ``sps_steady``,
+the same count in the model.
 """
 from __future__ import annotations
 
@@ -45,7 +46,10 @@ def train(run_dir: Path, ovs: List[str]) -> Dict[str, float]:
         raise RuntimeError(f"{run_dir.name} failed:\n{p.stderr[-3000:]}")
     s = json.loads((run_dir / "summary.json").read_text())
     m = pd.read_parquet(run_dir / "metrics.parquet")
-    steady = (m["env_steps"].iloc[-1] - m["env_steps"].iloc[0]) / (m["wall_time"].iloc[-1] - m["wall_time"].iloc[0])
+    # trained steps between the first and the last update (the model's sps_steady counts the same; env_steps
+    # would count the budget reserved by rollouts still in flight)
+    steady = ((m["transport/admitted"].iloc[-1] - m["transport/admitted"].iloc[0])
+              / (m["wall_time"].iloc[-1] - m["wall_time"].iloc[0]))
     return {"sps": float(s["sps"]), "sps_steady": float(steady), "lag_mean": float(s["lag"]["mean"]),
             "lag_p95": float(s["lag"]["p95"]), "wall_s": float(s["wall_time_s"])}
 
