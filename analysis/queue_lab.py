@@ -133,7 +133,10 @@ def _fragment(actor: int, seq: int, steps: int, version: int):
                     np.zeros((0, 4), np.float32), z, np.zeros(4, np.float32))
 
 
-def run_fixture(arrival: float, service: float, q0: int = 4, horizon: float = 8.0, capacity: int = 1_000_000,
+MAX_EVENTS = 200_000  # arrivals plus service instants a fixture run may simulate (a bigger one is a mistake)
+
+
+def run_fixture(arrival: float, service: float, q0: int = 4, horizon: float = 8.0, capacity: Optional[int] = None,
                 max_bytes: Optional[int] = None, policy: str = "block", actors: int = 4, steps: int = 32,
                 per_update: int = 1, dt: float = 0.25) -> Fixture:
     """Drive the real FragmentQueue in virtual time.
@@ -154,7 +157,11 @@ def run_fixture(arrival: float, service: float, q0: int = 4, horizon: float = 8.
     _check("--service", service, 0)
     _check("--q0", q0, 0, inclusive=True, integer=True)
     _check("--horizon", horizon, 0)
-    _check("--capacity", capacity, 1, inclusive=True, integer=True)
+    if capacity is not None:
+        _check("--capacity", capacity, 1, inclusive=True, integer=True)
+    if (arrival + service) * horizon + q0 > MAX_EVENTS:
+        raise LabError(f"(--arrival + --service) x --horizon + --q0 must be <= {MAX_EVENTS:,} events, got "
+                       f"{(arrival + service) * horizon + q0:,.0f}: shorten the horizon or lower the rates")
     _check("--actors", actors, 1, inclusive=True, integer=True)
     _check("--steps", steps, 1, inclusive=True, integer=True)
     _check("--per-update", per_update, 1, inclusive=True, integer=True)
@@ -162,8 +169,10 @@ def run_fixture(arrival: float, service: float, q0: int = 4, horizon: float = 8.
     if policy not in {p.value for p in Overflow}:
         raise LabError(f"--policy must be one of {', '.join(p.value for p in Overflow)}, got {policy!r}")
     one = _fragment(0, 0, steps, 0).nbytes
+    unbounded = capacity is None
+    capacity = 2**62 if unbounded else capacity
     if max_bytes is None:
-        max_bytes = capacity * one if capacity < 1_000_000 else 2**62
+        max_bytes = 2**62 if unbounded else capacity * one
     _check("--max-bytes", max_bytes, 1, inclusive=True, integer=True)
     now = [0.0]
     q = FragmentQueue(int(capacity), int(max_bytes), Overflow(policy), clock=lambda: now[0])
@@ -197,7 +206,7 @@ def run_fixture(arrival: float, service: float, q0: int = 4, horizon: float = 8.
                      "dropped_steps": sum(q.stats.dropped_steps.values()),
                      "rejected_steps": sum(q.stats.rejected_steps.values()), "version": version,
                      "fluid_backlog": float(backlog(t, arrival, service, q0)),
-                     "fluid_backlog_capped": float(backlog(t, arrival, service, q0, capacity))})
+                     "fluid_backlog_capped": float(backlog(t, arrival, service, q0, float(capacity)))})
 
     eps = 1e-9
     while True:
@@ -286,7 +295,8 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--lab", metavar="OUT.html", help="write the queue lab page and exit")
     ap.add_argument("--fixture", action="store_true", help="drive the real FragmentQueue at these rates")
     ap.add_argument("--horizon", type=float, default=8.0, help="fixture: time units to run (default 8)")
-    ap.add_argument("--capacity", type=int, default=1_000_000, help="fixture: queue capacity in fragments")
+    ap.add_argument("--capacity", type=int, default=None, help="fixture: queue capacity in fragments (default: "
+                                                                 "unbounded, as the fluid model)")
     ap.add_argument("--max-bytes", type=int, default=None, help="fixture: queue byte bound (default: capacity x "
                                                                   "one fragment's bytes)")
     ap.add_argument("--policy", default="block", help="fixture: block, reject or drop_oldest (default block)")
@@ -297,6 +307,9 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--json", action="store_true", help="fixture: print the totals and samples as JSON")
     args = ap.parse_args(argv)
     try:
+        for opt, path in (("--lab", args.lab), ("--out", args.out)):
+            if path and not Path(path).resolve().parent.is_dir():
+                raise LabError(f"{opt} {path}: its directory does not exist")
         if args.lab:
             print(f"queue lab: {write_lab(args.lab, args.q0)} (open it in a browser; nothing is fetched)")
             return 0
@@ -323,11 +336,13 @@ def _fixture_main(args) -> int:
     fx = run_fixture(args.arrival, args.service, q0=args.q0, horizon=args.horizon, capacity=args.capacity,
                      max_bytes=args.max_bytes, policy=args.policy, actors=args.actors, steps=args.steps,
                      per_update=args.per_update)
-    if args.json:
-        print(json.dumps({"totals": fx.totals, "samples": fx.samples.to_dict("list"),
-                          "departures": fx.departures.to_dict("list")}, default=float))
+    if args.json:  # strict JSON: a figure that does not exist (nothing served yet) is null
+        clean = lambda v: None if isinstance(v, float) and not np.isfinite(v) else v  # noqa: E731
+        print(json.dumps({"totals": {k: clean(v) for k, v in fx.totals.items()},
+                          "samples": fx.samples.to_dict("list"), "departures": fx.departures.to_dict("list")},
+                         default=float))
         return 0
-    cap = "unbounded" if args.capacity >= 1_000_000 else f"capacity {args.capacity}, policy {args.policy}"
+    cap = "unbounded" if args.capacity is None else f"capacity {args.capacity}, policy {args.policy}"
     title = (f"FragmentQueue fixture: arrival {args.arrival:g}, service {args.service:g}, from {args.q0:g}, "
              f"{cap}, {args.actors} actors")
     print(title)

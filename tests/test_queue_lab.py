@@ -134,3 +134,17 @@ def test_the_page_in_a_browser(tmp_path):
         assert text("#message") == "" and num("#backlog") == 4
         browser.close()
     assert errors == []
+
+
+def test_oversized_runs_and_missing_dirs_are_messages(tmp_path, capsys):
+    with pytest.raises(LabError, match="events"):
+        run_fixture(4.0, 3.0, horizon=1e5)
+    assert main(["--fixture", "--out", str(tmp_path / "no" / "such" / "f.png")]) == 2
+    assert "directory does not exist" in capsys.readouterr().err
+    assert main(["--lab", str(tmp_path / "no" / "lab.html")]) == 2
+    # nothing served (service slower than the horizon): strict JSON with nulls, not NaN
+    assert main(["--fixture", "--service", "0.01", "--horizon", "1", "--json"]) == 0
+    import json
+
+    out = json.loads(capsys.readouterr().out)
+    assert out["totals"]["age_mean"] is None
