@@ -88,3 +88,6 @@ def test_a_sweeps_swept_keys_group_it_but_not_the_seed(tmp_path):
         d.mkdir(parents=True)
         (d / "overrides.yaml").write_text(f"- algo={algo}\n- seed={seed}\n- env=cartpole\n- hydra.x=1\n")
     assert dashboard.swept_keys(tmp_path) == ["algo"]
+    # with the resolved config next to the overrides, a config group is grouped by what names it
+    (tmp_path / "0" / ".hydra" / "config.yaml").write_text("algo:\n  name: ppo\nenv:\n  id: CartPole-v1\n")
+    assert dashboard.swept_keys(tmp_path) == ["algo.name"]

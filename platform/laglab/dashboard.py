@@ -72,14 +72,24 @@ def swept_keys(runs_dir: Path) -> List[str]:
     import yaml
 
     vals: Dict[str, set] = {}
+    config: Dict = {}
     for ov in sorted(Path(runs_dir).rglob(".hydra/overrides.yaml")):
         for item in yaml.safe_load(ov.read_text()) or []:
             k, _, v = str(item).lstrip("+~").partition("=")
             if not k.startswith(("hydra.", "tracking.")):
                 vals.setdefault(k, set()).add(v)
+        cfg_file = ov.parent / "config.yaml"
+        if not config and cfg_file.is_file():
+            config = yaml.safe_load(cfg_file.read_text()) or {}
     if not vals:
         raise ValueError(f"{runs_dir}: no run dirs with .hydra/overrides.yaml under it")
-    return sorted(k for k, v in vals.items() if len(v) > 1 and k != "seed")  # (seeds are pooled within a group)
+    out = []
+    for k in sorted(k for k, v in vals.items() if len(v) > 1 and k != "seed"):  # (seeds pool within a group)
+        node = config.get(k) if "." not in k else None
+        if isinstance(node, dict):  # a config group (algo=vtrace): group runs by what names the choice
+            k = f"{k}.name" if "name" in node else f"{k}.id" if "id" in node else k
+        out.append(k)
+    return out
 
 
 def _line(p: Panel):
