@@ -7,7 +7,7 @@ decides: ``block`` slows arrivals to the service rate, ``reject`` refuses the ex
 it. The age of the item leaving at time t is the time it waited in that FIFO backlog. Arrival 4 / service 3
 from 4 items grows by one per unit time; arrival 2 / service 3 drains in four.
 
-The instrument (``python -m analysis.queue_lab --lab out.html``): a self-contained page with Reset, the arrival and
+The instrument (``python -m analysis.queue_lab --lab --out queue_lab.html``): a self-contained page with Reset, the arrival and
 service rates, the prediction shown before running, Play and Step (analysis/queue_lab.html; no server, no network).
 What the fluid model omits, the fixture shows (``python -m analysis.queue_lab --fixture --arrival 4 --service 3
 --capacity 8 --policy drop_oldest``): the real :class:`laglab.transport.FragmentQueue` on a virtual clock, fed
@@ -292,7 +292,7 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--arrival", type=float, default=4.0, help="items per unit time (default 4)")
     ap.add_argument("--service", type=float, default=3.0, help="items per unit time (default 3)")
     ap.add_argument("--q0", type=float, default=4.0, help="items at time 0 (default 4)")
-    ap.add_argument("--lab", metavar="OUT.html", help="write the queue lab page and exit")
+    ap.add_argument("--lab", action="store_true", help="write the queue lab page (to --out, default queue_lab.html)")
     ap.add_argument("--fixture", action="store_true", help="drive the real FragmentQueue at these rates")
     ap.add_argument("--horizon", type=float, default=8.0, help="fixture: time units to run (default 8)")
     ap.add_argument("--capacity", type=int, default=None, help="fixture: queue capacity in fragments (default: "
@@ -303,15 +303,15 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--actors", type=int, default=4, help="fixture: producers (default 4)")
     ap.add_argument("--steps", type=int, default=32, help="fixture: transitions per fragment (default 32)")
     ap.add_argument("--per-update", type=int, default=1, help="fixture: fragments per learner update (default 1)")
-    ap.add_argument("--out", help="fixture: write the figure here (PNG)")
+    ap.add_argument("--out", help="--lab: the page's path (default queue_lab.html); --fixture: the figure (PNG)")
     ap.add_argument("--json", action="store_true", help="fixture: print the totals and samples as JSON")
     args = ap.parse_args(argv)
     try:
-        for opt, path in (("--lab", args.lab), ("--out", args.out)):
-            if path and not Path(path).resolve().parent.is_dir():
-                raise LabError(f"{opt} {path}: its directory does not exist")
+        if args.out and not Path(args.out).resolve().parent.is_dir():
+            raise LabError(f"--out {args.out}: its directory does not exist")
         if args.lab:
-            print(f"queue lab: {write_lab(args.lab, args.q0)} (open it in a browser; nothing is fetched)")
+            page = write_lab(args.out or "queue_lab.html", args.q0)
+            print(f"queue lab: {page} (open it in a browser; nothing is fetched)")
             return 0
         if args.fixture:
             return _fixture_main(args)

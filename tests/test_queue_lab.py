@@ -76,7 +76,7 @@ def test_command_line_bad_input_is_a_message_not_a_traceback(capsys):
 
 def test_committed_page_is_the_generated_one(tmp_path):
     # README links reports/queue_lab.html; it must be what `python -m analysis.queue_lab --lab` writes today
-    assert main(["--lab", str(tmp_path / "lab.html")]) == 0
+    assert main(["--lab", "--out", str(tmp_path / "lab.html")]) == 0
     assert (ROOT / "reports" / "queue_lab.html").read_text() == (tmp_path / "lab.html").read_text()
     assert "http" not in (tmp_path / "lab.html").read_text().replace("http://www.w3.org/2000/svg", "")
 
@@ -141,7 +141,7 @@ def test_oversized_runs_and_missing_dirs_are_messages(tmp_path, capsys):
         run_fixture(4.0, 3.0, horizon=1e5)
     assert main(["--fixture", "--out", str(tmp_path / "no" / "such" / "f.png")]) == 2
     assert "directory does not exist" in capsys.readouterr().err
-    assert main(["--lab", str(tmp_path / "no" / "lab.html")]) == 2
+    assert main(["--lab", "--out", str(tmp_path / "no" / "lab.html")]) == 2
     # nothing served (service slower than the horizon): strict JSON with nulls, not NaN
     assert main(["--fixture", "--service", "0.01", "--horizon", "1", "--json"]) == 0
     import json

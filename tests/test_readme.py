@@ -22,7 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 READMES = ["README.md", "sweeps/README.md", "benchmarks/README.md"]
-RUNNABLE = ("python train.py", "python evaluate.py", "python -m analysis.report")
+RUNNABLE = ("python train.py", "python evaluate.py", "python -m analysis.report", "python -m analysis.doctor",
+            "python -m analysis.queue_lab", "python -m laglab.sim")
 SKIP = [  # (pattern, why CI does not run it here)
     (r"^pip install", "installs packages (.ci/run installs the project with its extras before the suite)"),
     (r"^python -m pytest", "the test suite itself"),

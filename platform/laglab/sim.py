@@ -3,7 +3,7 @@ lag, queue depth, data age and the kept fraction of a configuration before runni
 
     python -m laglab.sim env=latency actors=16 --json                    # the same overrides as train.py
     python -m laglab.sim env=latency actors=64 --costs costs.json        # costs calibrated from real runs
-    python -m laglab.sim --calibrate outputs/<run dir> > costs.json      # measure the costs of a real run
+    python -m laglab.sim --calibrate outputs/<run dir> --out costs.json  # measure the costs of a real run
 
 What it models, each as the runners do it (see runners/driver.py, runners/process_actor.py):
 
@@ -493,11 +493,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                       "lognormal:<median ms>,<sigma> (default: env.latency_ms)")
     ap.add_argument("--seed", type=int, default=0, help="for lognormal latencies")
     ap.add_argument("--calibrate", nargs="+", metavar="RUN_DIR", help="print the costs measured from real runs")
+    ap.add_argument("--out", help="--calibrate: also write the costs to this file (for --costs)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     try:
         if args.calibrate:
-            print(json.dumps(calibrate(args.calibrate), indent=1))
+            text = json.dumps(calibrate(args.calibrate), indent=1)
+            if args.out:
+                Path(args.out).write_text(text + "\n")
+            print(text)
             return 0
         costs = Costs()
         if args.costs:
