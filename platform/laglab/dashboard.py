@@ -2,7 +2,8 @@
 need, built with ``wandb-workspaces`` (pip install -e ".[dashboard]").
 
     python -m laglab.dashboard --entity E --project P [--group G] [--by algo.name actor.fixed_lag]
-    python -m laglab.dashboard --entity E --project P --group G --report --runs multirun/<date>/<time>
+    python -m laglab.dashboard --entity E --project P --group G --report --runs multirun/<date>/<time> \
+        --summary reports/<study>/summary.csv
     python -m laglab.dashboard --entity E --project P --dry-run        # build offline, print the JSON
 
 Sections: return (against env steps and wall clock), lag (version-lag histogram, min/mean/max, KL(behavior ||
@@ -10,7 +11,7 @@ current), kept fraction, importance-sampling ESS), transport (queue depth and by
 dropped / rejected, in flight, unaccounted), learner (waiting vs computing, per-fragment time, updates/s), losses,
 and per-actor panels (one line per actor). ``--group`` shows one sweep (train.py -m logs a sweep as one W&B group),
 grouped by the swept keys (``--by``, or read from ``--runs``: the keys whose values differ between its runs).
-``--report`` builds a W&B report from the same panels and the analysis summary table of ``--runs``.
+``--report`` builds a W&B report from the same panels and a report's summary table (``--summary``).
 
 Saving needs a W&B account (``wandb login``); ``--dry-run`` builds the same objects offline and prints their JSON.
 """
@@ -144,13 +145,12 @@ def keys_used() -> Tuple[List[str], List[str]]:
     return exact, regex
 
 
-def summary_table(runs_dir: Path) -> str:
-    """analysis.summarize of the runs (grouped by the swept keys), as a markdown table."""
-    import analysis  # (the same distribution: laglab's user-facing analysis)
+def summary_table(summary_csv: Path) -> str:
+    """A report's summary.csv (``python -m analysis.report ... --out <dir>`` writes <dir>/summary.csv) as a
+    markdown table."""
+    import pandas as pd
 
-    runs = analysis.load_runs([runs_dir])
-    by = [f"cfg.{k}" for k in swept_keys(runs_dir) if f"cfg.{k}" in runs] or None
-    table = analysis.summarize(runs, by=by) if by else analysis.summarize(runs)
+    table = pd.read_csv(summary_csv)
     cols = [str(c) for c in table.columns]
     cell = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
     rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -165,7 +165,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--project", required=True)
     ap.add_argument("--group", help="a sweep's W&B group (train.py -m: the sweep dir)")
     ap.add_argument("--by", nargs="*", default=None, help="config keys to group runs by (default: swept keys of --runs)")
-    ap.add_argument("--runs", help="the sweep dir on disk: its swept keys, and the report's summary table")
+    ap.add_argument("--runs", help="the sweep dir on disk: its swept keys group the runs")
+    ap.add_argument("--summary", help="--report: a report's summary.csv (python -m analysis.report <sweep> --out D "
+                                      "writes D/summary.csv), shown as the report's table")
     ap.add_argument("--report", action="store_true", help="also build a W&B report")
     ap.add_argument("--name", default="laglab", help="the workspace view's name")
     ap.add_argument("--dry-run", action="store_true", help="build offline and print the JSON; save nothing")
@@ -177,7 +179,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     try:
         by = a.by if a.by is not None else (swept_keys(Path(a.runs)) if a.runs else [])
-        summary = summary_table(Path(a.runs)) if a.report and a.runs else ""
+        summary = summary_table(Path(a.summary)) if a.report and a.summary else ""
     except (ValueError, FileNotFoundError) as e:
         print(f"laglab.dashboard: {e}", file=sys.stderr)
         return 2
