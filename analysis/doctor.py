@@ -298,6 +298,9 @@ def rule_value(r: Run) -> Finding:
     ev_ = _col(r.steady, "losses/explained_variance")
     if ev_ is None or ev_.isna().all():
         return Finding("value_instability", "ok", "value estimates", "not measured")
+    if len(r.metrics) < 10:
+        return Finding("value_instability", "ok", "value estimates",
+                       f"too few updates to judge ({len(r.metrics)}; a critic starts from nothing)")
     med = float(ev_.median())
     vl = _col(r.steady, "losses/value_loss")
     cv = float(vl.std() / vl.mean()) if vl is not None and vl.mean() > 0 else float("nan")
@@ -323,7 +326,7 @@ def rule_throughput(r: Run) -> Finding:
     before = sps.expanding().median().shift(1)
     drop = (sps < 0.5 * before) & (sps.index >= 5)
     frac = float(drop.mean())
-    sev = "act" if frac > 0.3 else "watch" if drop.sum() >= 2 else "ok"
+    sev = "act" if frac > 0.3 else "watch" if drop.sum() >= 2 and frac > 0.1 else "ok"
     ev = f"SPS over {k}-update windows: median {sps.median():,.0f}"
     if drop.any():
         lo = upd[drop]
@@ -378,9 +381,17 @@ def tuning_step(r: Run, findings: Dict[str, Finding]) -> Dict[str, object]:
         step, why = 1, "KL is above 0.02 or data waits in the queue: fix staleness before anything else"
     else:
         wait = _col(r.steady, "learner/wait_frac")
+        n = int(r.get("actors", 1) or 1)
+        cores = int((r.summary.get("provenance") or {}).get("cpu_count") or 0)
+        cpu_bound = r.get("env.id") != "laglab/Latency-v0"  # (latency-env actors sleep: they need no core)
         if wait is not None and float(wait.median()) > 0.2 and r.get("runner.name") != "sync":
-            step, why = 2, (f"KL is in hand and the learner waits for data {float(wait.median()):.0%} of the time: "
-                            f"more actors would pay (try actors={2 * int(r.get('actors', 1) or 1)})")
+            if cores and cpu_bound and n + 1 >= cores:
+                step, why = 3, (f"the learner waits for data {float(wait.median()):.0%} of the time, but {n} actors "
+                                f"and the learner already fill this machine's {cores} cores: more actors would share "
+                                "them; more data per update comes from the batch size")
+            else:
+                step, why = 2, (f"KL is in hand and the learner waits for data {float(wait.median()):.0%} of the "
+                                f"time: more actors would pay (try actors={2 * n})")
         elif any(findings[k].severity != "ok" for k in ("late_jitter", "loss_explosion", "value_instability")):
             step, why = 4, "staleness and throughput are in hand; the learning itself is what to tune"
         else:
@@ -438,6 +449,20 @@ def markdown(results: List[Dict[str, object]]) -> str:
 
 
 COLOUR = {"ok": "green", "watch": "yellow", "act": "red"}
+SHORT = {"kl_behavior": "KL", "loss_explosion": "loss", "lagging_worker": "worker", "parameter_wait": "params",
+         "queue_age": "queue", "late_jitter": "late", "value_instability": "value", "throughput": "SPS",
+         "books": "books"}
+
+
+def run_labels(dirs: List[Path]) -> List[str]:
+    """A short name per run of a sweep: the overrides that differ between its runs (else the dir's name)."""
+    ovs = []
+    for d in dirs:
+        f = d / ".hydra" / "overrides.yaml"
+        ovs.append(dict(str(o).split("=", 1) for o in (yaml.safe_load(f.read_text()) or []) if "=" in str(o))
+                   if f.is_file() else {})
+    keys = sorted({k for o in ovs for k in o if len({str(x.get(k)) for x in ovs}) > 1})
+    return [" ".join(f"{k.split('.')[-1]}={o[k]}" for k in keys if k in o) or d.name for d, o in zip(dirs, ovs)]
 
 
 def print_sweep(results: List[Dict[str, object]], con) -> None:
@@ -446,21 +471,23 @@ def print_sweep(results: List[Dict[str, object]], con) -> None:
 
     names = [f["rule"] for f in next((r["findings"] for r in results if r["findings"]), [])]
     t = Table(title=f"{len(results)} runs")
-    t.add_column("run", overflow="fold")
+    t.add_column("run", no_wrap=True, overflow="ellipsis", min_width=18)
     for n in names:
-        t.add_column(n.replace("_", " "), justify="center")
+        t.add_column(SHORT.get(n, n), justify="center")
     t.add_column("step", justify="center")
-    for res in results:
+    labels = run_labels([Path(r["run"]) for r in results])
+    for res, label in zip(results, labels):
         sev = {f["rule"]: f["severity"] for f in res["findings"]}
         cells = [f"[{COLOUR[sev[n]]}]{sev[n]}[/]" if n in sev else "-" for n in names]
         ts = res["tuning_step"]
-        t.add_row(Path(res["run"]).name + ("" if res["status"] == "completed" else f" ({res['status']})"), *cells,
+        t.add_row(label + ("" if res["status"] == "completed" else f" ({res['status']})"), *cells,
                   str(ts["step"]) if ts else "-")
     con.print(t)
-    for res in results:
+    con.print("columns: " + ", ".join(f"{v} = {k}" for k, v in SHORT.items() if k in names))
+    for res, label in zip(results, labels):
         bad = [f for f in res["findings"] if f["severity"] != "ok"]
         if bad or res["notes"]:
-            con.print(f"[bold]{Path(res['run']).name}[/bold]")
+            con.print(f"[bold]{label}[/bold]  ({res['run']})")
             for n in res["notes"]:
                 con.print(f"  [yellow]{n}[/yellow]")
             for f in bad:

@@ -47,7 +47,11 @@ def _sev(res):
 def test_a_healthy_run_gets_a_clean_bill(runs):
     res = diagnose(runs / "healthy")
     assert res["status"] == "completed" and res["notes"] == []
-    assert set(_sev(res).values()) == {"ok"}, [f for f in res["findings"] if f["severity"] != "ok"]
+    # every rule but throughput reads what the run computed; throughput reads its wall clock, which other work on
+    # the machine moves (a test must not depend on it): it may watch, never act
+    sev = _sev(res)
+    assert sev.pop("throughput") in ("ok", "watch")
+    assert set(sev.values()) == {"ok"}, [f for f in res["findings"] if f["severity"] != "ok"]
     assert res["tuning_step"]["step"] in (3, 4)
 
 
