@@ -109,7 +109,11 @@ def write_lab(path: str | Path, q0: float = 4.0) -> Path:
     """Write the queue lab page (self-contained HTML: inline script and SVG, nothing fetched)."""
     _check("--q0", q0, 0, inclusive=True)
     path = Path(path)
-    path.write_text(PAGE.read_text().replace("__Q0__", f"{q0:g}"))
+    text = PAGE.read_text()
+    line = "const Q0 = 4;"
+    if line not in text:
+        raise LabError(f"{PAGE} has no '{line}' line to set the initial items in")
+    path.write_text(text.replace(line, f"const Q0 = {q0:g};", 1))
     return path
 
 

@@ -74,11 +74,15 @@ def test_command_line_bad_input_is_a_message_not_a_traceback(capsys):
     assert main(["--arrival", "-2"]) == 2
 
 
-def test_committed_page_is_the_generated_one(tmp_path):
-    # README links reports/queue_lab.html; it must be what `python -m analysis.queue_lab --lab` writes today
+def test_the_page_the_readme_links_is_self_contained_and_written_as_is(tmp_path):
+    # README links analysis/queue_lab.html itself (open it from a clone); --lab writes the same page, with --q0
+    page = (ROOT / "analysis" / "queue_lab.html").read_text()
+    assert "analysis/queue_lab.html" in (ROOT / "README.md").read_text()
+    assert "http" not in page.replace("http://www.w3.org/2000/svg", "")  # nothing fetched
     assert main(["--lab", "--out", str(tmp_path / "lab.html")]) == 0
-    assert (ROOT / "reports" / "queue_lab.html").read_text() == (tmp_path / "lab.html").read_text()
-    assert "http" not in (tmp_path / "lab.html").read_text().replace("http://www.w3.org/2000/svg", "")
+    assert (tmp_path / "lab.html").read_text() == page
+    assert main(["--lab", "--q0", "6", "--out", str(tmp_path / "lab6.html")]) == 0
+    assert "const Q0 = 6;" in (tmp_path / "lab6.html").read_text()
 
 
 def _chromium():
