@@ -340,3 +340,14 @@ def test_a_diverged_update_is_said_once_and_kept_for_the_summary(caplog):
 def test_the_summary_says_whether_the_policy_diverged(tmp_path):
     s = run(_small(), tmp_path)
     assert "diverged_at_update" in s and s["diverged_at_update"] is None
+
+
+def test_a_ray_actor_looks_at_the_board_several_times_a_rollout():
+    """A look takes the answer to the previous look's question: a 16-step rollout looked at only at steps 0 and 8
+    saw publications only in the round trip after its start (the Ray case above then saw no refresh at all)."""
+    from laglab.runners.ray_actor import stale_check_every
+
+    for T in (1, 3, 16, 64, 256, 4096):
+        every = stale_check_every(T)
+        looks = len(range(0, T, every))
+        assert looks >= min(T, 4) and every <= 8

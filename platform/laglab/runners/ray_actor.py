@@ -60,7 +60,16 @@ def held_ids(frags: Sequence[Fragment]) -> np.ndarray:
     return np.array([[getattr(f.id, k) for k in HEADER] for f in frags], np.int64).reshape(-1, len(HEADER))
 
 
-STALE_CHECK = 8  # actor.refresh_lag on Ray: steps between two looks at the answer to the snapshot board
+STALE_CHECK = 8  # actor.refresh_lag on Ray: at most this many steps between two looks at the board's answer
+STALE_LOOKS = 4  # ... and at least this many looks per rollout
+
+
+def stale_check_every(rollout_len: int) -> int:
+    """Steps between two looks at the snapshot board's answer (``actor.refresh_lag`` on Ray). A look takes the
+    answer to the question asked at the previous look, so a rollout of ``rollout_len`` steps sees publications
+    up to about ``rollout_len - 2 * every`` steps in: with a fixed 8 a 16-step rollout asked at step 0, looked at
+    step 8 and never again, and saw only publications in the round trip after its start."""
+    return max(1, min(STALE_CHECK, rollout_len // STALE_LOOKS))
 
 
 class _Poll:
@@ -140,7 +149,7 @@ class RolloutWorker:
             self.actor.stats.snapshot_s += time.perf_counter() - t0  # asking is waiting on parameters too
             if self.version < 0:  # a board that restarted and has no snapshot yet: the learner posts it again
                 raise RuntimeError("the snapshot board has no snapshot (it restarted); the learner reposts it")
-        ro = self.actor.collect(newest=_Poll(board, version), check_every=STALE_CHECK)
+        ro = self.actor.collect(newest=_Poll(board, version), check_every=stale_check_every(self.cfg.actor.rollout_len))
         self.produced += ro.steps
         if not ro.fragments:  # stale mid-rollout: produced and thrown away (the learner books it as "refresh")
             return {"inc": self.inc, "produced": self.produced, "in_hand": self.in_hand, "steps": ro.steps,
