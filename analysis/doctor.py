@@ -153,19 +153,24 @@ def rule_loss(r: Run) -> Finding:
         kl_jump = (kl > np.maximum(20 * prev_kl, 0.2)) | ~np.isfinite(kl)  # (healthy PPO: approx KL 0.02-0.05)
         v_jump = pd.Series(False, index=kl.index)
         if vl is not None:
+            # a critic that has fit a solved task's returns has a tiny loss, and the next failed episode multiplies it
+            # by 1000 (CartPole at 500: 4e-4 -> 6, within what the same run saw while it learned): an explosion is
+            # also an order of magnitude beyond every value loss the run had before
             prev_v = vl.rolling(10, min_periods=3).median().shift(1).fillna(np.inf)
-            v_jump = vl > 100 * np.maximum(prev_v, 1e-8)
+            prior_max = vl.cummax().shift(1).fillna(np.inf)
+            v_jump = ((vl > 100 * np.maximum(prev_v, 1e-8)) & (vl > 10 * prior_max)) | ~np.isfinite(vl)
         jump = kl_jump | v_jump
         if not jump.any():
             return Finding("loss_explosion", "ok", "loss explosion",
                            "no update's approx KL above max(20x the median of the 10 before, 0.2), nor value loss "
-                           "above 100x theirs")
+                           "above 100x theirs and 10x any before it")
         parts = []
         if kl_jump.any():
             parts.append(f"approx KL jumped at {_upd(m, kl_jump)} (max {float(kl[kl_jump].max()):.3g}; the run's "
                          f"median {float(kl.median()):.4f})")
         if v_jump.any():
-            parts.append(f"value loss jumped more than 100x over the 10 updates before at {_upd(m, v_jump)} (max "
+            parts.append(f"value loss jumped more than 100x over the 10 updates before, and 10x past any earlier "
+                         f"update, at {_upd(m, v_jump)} (max "
                          f"{float(vl[v_jump].max()):.4g}; the run's median {float(vl.median()):.4g})")
         ev = "; ".join(parts)
         m = m[jump]
@@ -301,8 +306,19 @@ def rule_value(r: Run) -> Finding:
     if len(r.metrics) < 10:
         return Finding("value_instability", "ok", "value estimates",
                        f"too few updates to judge ({len(r.metrics)}; a critic starts from nothing)")
-    med = float(ev_.median())
     vl = _col(r.steady, "losses/value_loss")
+    peak = _col(r.metrics, "losses/value_loss")
+    peak = float(peak.max()) if peak is not None else float("nan")
+    if vl is not None and np.isfinite(peak) and peak > 0:
+        # a critic whose loss fell a thousandfold has fit targets that barely vary (a solved CartPole: every return
+        # 500); there explained variance divides noise by noise and says nothing about the critic
+        informative = vl >= 1e-3 * peak
+        if not informative.any():
+            return Finding("value_instability", "ok", "value estimates",
+                           f"value loss {float(vl.median()):.2g} over the second half, under 1/1000 of its peak "
+                           f"{peak:.3g}: the targets barely vary, so explained variance is not informative")
+        ev_ = ev_[informative]
+    med = float(ev_.median())
     cv = float(vl.std() / vl.mean()) if vl is not None and vl.mean() > 0 else float("nan")
     sev = "act" if med < -0.2 else "watch" if med < 0.2 else "ok"  # (near 0: the critic explains nothing)
     ev = f"explained variance median {med:.2f} over the second half; value loss coefficient of variation {cv:.2f}"

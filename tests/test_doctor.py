@@ -13,12 +13,21 @@ from analysis.doctor import diagnose, main
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = ["tracking.wandb.mode=disabled", "tracking.console_every_s=1e9", "tracking.progress=false"]
 PROVOKE = {
-    # the default config on the deterministic runner (the process runner's default run can collapse late on
-    # some seeds, which the doctor rightly reports)
-    "healthy": ["runner=sync"],
+    # a run's trajectory is deterministic on one machine (the sync runner), not across CPUs: float rounding in
+    # another instruction set moves every update after the first. The two rules that read the learning curve are
+    # therefore judged on two seeds each, with configs whose verdict held on most seeds here (see below)
+    # the default config at the step size the tuned CartPole study picks for lag 0 (4e-3..8e-3): clean on 15 of 16
+    # seeds here, no 'act' on any (at the default 1e-3 the curve dips after reaching 500 on 4 of 9 seeds: that is
+    # the jitter the late_jitter rule watches)
+    "healthy": ["runner=sync", "learner.lr=0.004"],
+    "healthy_seed1": ["runner=sync", "learner.lr=0.004", "seed=1"],
     "kl_behavior": ["runner=sync", "actor.fixed_lag=8", "learner.lr=0.004", "total_env_steps=50000"],
     "loss_explosion": ["runner=sync", "learner.lr=0.5", "learner.lr_schedule=constant", "total_env_steps=20000"],
-    "late_jitter": ["runner=sync", "total_env_steps=100000"],  # seed 0 reaches 500, then falls to ~140
+    # data 8 versions old at a step size 16x the default: the return reaches 340-500 and falls back on 5 of 6 seeds
+    "late_jitter": ["runner=sync", "actor.fixed_lag=8", "learner.lr=0.016", "learner.lr_schedule=constant",
+                    "total_env_steps=150000"],
+    "late_jitter_seed3": ["runner=sync", "actor.fixed_lag=8", "learner.lr=0.016", "learner.lr_schedule=constant",
+                          "total_env_steps=150000", "seed=3"],
     "value_instability": ["runner=sync", "algo.loss.vf_coef=0", "total_env_steps=40000"],
     "lagging_worker": ["env=latency", "env.latency_ms=[1,1,1,20]", "actors=4", "total_env_steps=16384"],
     "parameter_wait": ["policy.hidden_sizes=[512,512]", "actor.rollout_len=4", "actor.envs_per_actor=1",
@@ -28,6 +37,7 @@ PROVOKE = {
                    "total_env_steps=60000"],
     "failed": ["runner=thread", "actors=1", "chaos.kill_every_steps=300", "runner.actors_max_restarts=0"],
 }
+RULES = [k for k in PROVOKE if k not in ("healthy", "failed") and "_seed" not in k]
 
 
 @pytest.fixture(scope="module")
@@ -45,25 +55,90 @@ def _sev(res):
 
 
 def test_a_healthy_run_gets_a_clean_bill(runs):
-    res = diagnose(runs / "healthy")
-    assert res["status"] == "completed" and res["notes"] == []
-    # every rule but throughput reads what the run computed; throughput reads its wall clock, which other work on
-    # the machine moves (a test must not depend on it): it may watch, never act
-    sev = _sev(res)
-    assert sev.pop("throughput") in ("ok", "watch")
-    assert set(sev.values()) == {"ok"}, [f for f in res["findings"] if f["severity"] != "ok"]
-    assert res["tuning_step"]["step"] in (3, 4)
+    clean = 0
+    for name in ("healthy", "healthy_seed1"):
+        res = diagnose(runs / name)
+        assert res["status"] == "completed" and res["notes"] == []
+        # every rule but throughput reads what the run computed; throughput reads its wall clock, which other work
+        # on the machine moves (a test must not depend on it): it may watch, never act
+        sev = _sev(res)
+        assert sev.pop("throughput") in ("ok", "watch")
+        assert "act" not in sev.values(), [f for f in res["findings"] if f["severity"] == "act"]
+        clean += set(sev.values()) == {"ok"}
+        assert res["tuning_step"]["step"] in (3, 4)
+    # the curve's rule may watch a dip on one seed of a run whose trajectory this machine's floats decided
+    assert clean >= 1, [f for n in ("healthy", "healthy_seed1") for f in diagnose(runs / n)["findings"]
+                        if f["severity"] != "ok"]
 
 
-@pytest.mark.parametrize("rule", [k for k in PROVOKE if k not in ("healthy", "failed")])
+@pytest.mark.parametrize("rule", RULES)
 def test_each_rule_fires_on_the_run_that_provokes_it(runs, rule):
-    res = diagnose(runs / rule)
-    f = next(f for f in res["findings"] if f["rule"] == rule)
-    assert f["severity"] in ("watch", "act"), f
-    assert f["overrides"], f  # something to paste
-    for o in f["overrides"]:  # each override is a key=value train.py accepts
-        assert "=" in o and " " not in o
-    assert any(ch.isdigit() for ch in f["evidence"])  # the numbers behind it
+    fired = []
+    for name in [rule] + [k for k in PROVOKE if k.startswith(rule + "_seed")]:
+        res = diagnose(runs / name)
+        f = next(f for f in res["findings"] if f["rule"] == rule)
+        if f["severity"] in ("watch", "act"):
+            fired.append(f)
+    assert fired, rule
+    for f in fired:
+        assert f["overrides"], f  # something to paste
+        for o in f["overrides"]:  # each override is a key=value train.py accepts
+            assert "=" in o and " " not in o
+        assert any(ch.isdigit() for ch in f["evidence"])  # the numbers behind it
+
+
+def _with_losses(src, dst, value_loss, explained_variance=None):
+    """A copy of a real run whose value-loss (and explained-variance) columns are replaced."""
+    import pandas as pd
+
+    shutil.copytree(src, dst)
+    m = pd.read_parquet(dst / "metrics.parquet")
+    n = len(m)
+    m["losses/value_loss"] = value_loss(n)
+    if explained_variance is not None:
+        m["losses/explained_variance"] = explained_variance(n)
+    m.to_parquet(dst / "metrics.parquet")
+    return dst
+
+
+def test_a_solved_task_value_loss_is_not_an_explosion(runs, tmp_path):
+    import numpy as np
+
+    # CartPole once solved: the critic fits returns of 500 to 4e-4, and the next failed episode puts it back at 6,
+    # inside what the run saw while learning (12): a 15000x jump over the updates before, not an explosion ...
+    def solved(n):
+        v = np.r_[np.linspace(12, 0.01, n // 3), np.full(n - n // 3, 4e-4)]
+        v[n // 2] = 6.0
+        return v
+
+    d = _with_losses(runs / "healthy", tmp_path / "solved", solved)
+    assert _sev(diagnose(d))["loss_explosion"] == "ok"
+
+    # ... a loss an order of magnitude past anything before it is one
+    def exploded(n):
+        v = solved(n)
+        v[n // 2] = 500.0
+        return v
+
+    d = _with_losses(runs / "healthy", tmp_path / "exploded", exploded)
+    f = next(f for f in diagnose(d)["findings"] if f["rule"] == "loss_explosion")
+    assert f["severity"] == "act" and "value loss jumped" in f["evidence"]
+
+
+def test_explained_variance_of_targets_that_do_not_vary_says_nothing(runs, tmp_path):
+    import numpy as np
+
+    # a critic whose loss fell a thousandfold (every return the same) has a negative explained variance that
+    # means nothing ...
+    def fitted(n):
+        return np.r_[np.full(n // 4, 5.0), np.full(n - n // 4, 5e-6)]
+
+    d = _with_losses(runs / "healthy", tmp_path / "flat", fitted, lambda n: np.full(n, -1.5))
+    f = next(f for f in diagnose(d)["findings"] if f["rule"] == "value_instability")
+    assert f["severity"] == "ok" and "not informative" in f["evidence"]
+    # ... a critic still far from its targets with the same explained variance does not explain them
+    d = _with_losses(runs / "healthy", tmp_path / "bad", lambda n: np.full(n, 2.0), lambda n: np.full(n, -1.5))
+    assert _sev(diagnose(d))["value_instability"] == "act"
 
 
 def test_all_suggested_overrides_compose_with_each_run_own(runs):
