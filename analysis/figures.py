@@ -221,9 +221,16 @@ def lag_cost_figure(res: "Result", out: Path) -> Optional[Path]:
         x_lag = x_set[f.index] if x_set is not None else f["lag_mean_iqm"].to_numpy(float)
         order = np.argsort(x_lag)
         f, x_lag = f.iloc[order], x_lag[order]
-        line, = axes[0].plot(x_lag, f["auc_delta"], marker="o", label=lab)
-        c = line.get_color()
-        axes[0].fill_between(x_lag, f["auc_delta_low"], f["auc_delta_high"], alpha=0.18, color=c, lw=0)
+        if len(f) > 1:
+            line, = axes[0].plot(x_lag, f["auc_delta"], marker="o", label=lab)
+            c = line.get_color()
+            axes[0].fill_between(x_lag, f["auc_delta_low"], f["auc_delta_high"], alpha=0.18, color=c, lw=0)
+        else:  # one level per family (a treatment that is not a number, e.g. the runner): a point and its interval
+            d = f["auc_delta"].to_numpy(float)
+            line = axes[0].errorbar(x_lag, d, yerr=[d - f["auc_delta_low"].to_numpy(float),
+                                                    f["auc_delta_high"].to_numpy(float) - d],
+                                    marker="o", capsize=3, label=lab)
+            c = line[0].get_color()
         kl = f["kl_behavior_iqm"].to_numpy(float) if "kl_behavior_iqm" in f else np.full(len(f), np.nan)
         ko = np.argsort(kl)
         axes[1].errorbar(kl[ko], f["auc_delta"].to_numpy()[ko],
@@ -254,14 +261,17 @@ def lag_cost_figure(res: "Result", out: Path) -> Optional[Path]:
         axes[1].xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         axes[1].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         axes[1].xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    tname = tkey[4:] if tkey.startswith("cfg.") else tkey
+    tname = tname.split(".")[-1] if tname.startswith("actor.") else tname  # actor.fixed_lag: fixed_lag
     for ax in axes:
         ax.axhline(0, color="0.4", lw=0.8, ls="--")
-        ax.set_ylabel(f"ΔAUC vs own {tkey.split('.')[-1]}={tval}\n(mean return per env step)")
+        ax.set_ylabel(f"ΔAUC vs own {tname}={tval}\n(mean return per env step)")
         ax.grid(alpha=0.3)
     _legend(axes[1])
     small = bool((s["runs"] < MIN_CI_RUNS).any())
-    same = ", ".join(k.split(".")[-2] if k.count(".") >= 2 else k for k in keys) or "group"  # cfg.algo.name: algo
-    fig.suptitle(f"Lag cost: AUC minus the AUC of the same {same} at {tkey.split('.')[-1]}={tval} (IQM difference; "
+    short = [k[4:] if k.startswith("cfg.") else k for k in keys]
+    same = ", ".join(k.split(".")[-2] if k.count(".") >= 1 and k.endswith(".name") else k for k in short) or "group"
+    fig.suptitle(f"Lag cost: AUC minus the AUC of the same {same} at {tname}={tval} (IQM difference; "
                  + ("band: seed range where a group has < 5 runs, dots: seeds; " if small else "band: 95% CI; ")
                  + "below 0 = lag costs)", fontsize=10)
     fig.tight_layout()
@@ -345,25 +355,55 @@ def queue_figure(res: "Result", out: Path) -> Optional[Path]:
     return _save(fig, out, "queue")
 
 
+KL_BAND = (0.01, 0.03)  # seed 004: KL(behavior || current) < 0.01 fine, 0.01-0.03 watch, > 0.03 harmful
+
+
 def actors_figure(res: "Result", out: Path) -> Optional[Path]:
-    used = _used(res)
-    if "cfg.actors" not in used or used["cfg.actors"].nunique() < 2:
+    """The knee (seed 004: add actors until throughput stops paying and KL leaves its band): per measure, the IQM
+    and interval of each group against the actor count (log2 axis), one line per value of the other grouping
+    keys (e.g. the runner). Drawn when the actor count varies and all runs share one env."""
+    s, by = res.summary, res.by
+    if "cfg.actors" not in by or s["cfg.actors"].nunique() < 2 or not _one_env(res):
         return None
-    fig, axes = plt.subplots(1, 2, figsize=(12.5, 3.8))
-    algo = "cfg.algo.name" if "cfg.algo.name" in used else None
-    for a, g in (used.groupby(algo) if algo else [("all", used)]):
-        t = g.groupby("cfg.actors").agg(sps=("sps", lambda x: st.trim_mean(x, 0.25)),
-                                        kl=("kl_behavior", lambda x: st.trim_mean(x, 0.25))).reset_index()
-        axes[0].plot(t["cfg.actors"], t["sps"], marker="o", label=str(a))
-        axes[1].plot(t["cfg.actors"], t["kl"], marker="o", label=str(a))
-    axes[0].set_ylabel("env steps per second (IQM)")
-    axes[1].set_ylabel("KL(behavior ‖ current) (IQM)")
-    for ax in axes:
-        ax.set_xlabel("actors")
+    keys = [b for b in by if b != "cfg.actors"]
+    panels = [("sps", "env steps per second"), ("lag_mean", "version lag of trained data\n(mean; dashed: p95)"),
+              ("kl_behavior", "KL(behavior ‖ current) per update"), ("auc", "AUC (mean return per env step)"),
+              ("time_to_threshold", "seconds to the threshold\n(runs that reached it)"),
+              ("steps_to_threshold", "env steps to the threshold\n(runs that reached it)")]
+    panels = [(m, lab) for m, lab in panels if f"{m}_iqm" in s]
+    fig, axes = _grid(len(panels), 3, w=4.3, h=3.1, sharey=False)
+    xs = sorted(s["cfg.actors"].astype(int).unique())
+    for fk, f in (s.groupby(keys, sort=True, dropna=False) if keys else [((), s)]):
+        lab = cmp.label(keys, cmp._key(fk)) if keys else "all"
+        f = f.assign(_x=f["cfg.actors"].astype(int)).sort_values("_x")
+        color = None
+        for ax, (m, _) in zip(axes, panels):
+            y = f[f"{m}_iqm"].to_numpy(float)
+            err = [y - f[f"{m}_low"].to_numpy(float), f[f"{m}_high"].to_numpy(float) - y]
+            line = ax.errorbar(f["_x"], y, yerr=err, marker="o", capsize=3, color=color, label=lab)
+            color = line[0].get_color()
+            if m == "lag_mean" and "lag_p95_iqm" in f:
+                ax.plot(f["_x"], f["lag_p95_iqm"], ls="--", color=color, lw=1)
+            if m.endswith("_threshold") and "reached" in f:
+                for x, yy, k, n in zip(f["_x"], y, f["reached"], f["runs"]):
+                    if np.isfinite(yy) and k < n:
+                        ax.annotate(f"{int(k)}/{int(n)}", (x, yy), fontsize=7, xytext=(3, 3),
+                                    textcoords="offset points", color=color)
+    for ax, (m, ylab) in zip(axes, panels):
+        if m == "kl_behavior":
+            ax.axhspan(*KL_BAND, color="0.85", zorder=0, label="seed 004's watch band")
         ax.set_xscale("log", base=2)
+        ax.set_xticks(xs)
+        ax.set_xticklabels([str(x) for x in xs])
+        ax.set_xlabel("actors (log2 axis)")
+        ax.set_ylabel(ylab, fontsize=8)
         ax.grid(alpha=0.3)
-    _legend(axes[1])
-    fig.tight_layout()
+        if m in ("sps", "steps_to_threshold"):
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v / 1e3:g}k"))
+    _fig_legend(fig, axes)
+    small = bool((s["runs"] < MIN_CI_RUNS).any())
+    fig.suptitle("Against the actor count: IQM across seeds with "
+                 + ("the seed range (groups of < 5 runs)" if small else "95% bootstrap CIs"), fontsize=10)
     return _save(fig, out, "actors")
 
 

@@ -143,6 +143,11 @@ def warnings_for(res: Result):
             f"{cmp.label(res.by, tuple(str(r[b]) for b in res.by))} ({r['code']})" for _, r in odd.head(12).iterrows())
             + (f"; and {len(odd) - 12} more" if len(odd) > 12 else "")
             + " (git commit, +dirty for uncommitted changes; a group listing two ran both)")
+    cpu = used.get("provenance.cpu")
+    if cpu is not None and cpu.dropna().nunique() > 1:
+        kinds = cpu.fillna("unknown").value_counts()
+        w.append("runs ran on different CPUs (" + "; ".join(f"{k}: {n}" for k, n in kinds.items()) + "): the same "
+                 "commit and seed give the same run on one kind of CPU only, so seeds are not paired across kinds")
     if "code" in s and s["code"].str.contains(r"\+dirty").any():
         w.append("some runs ran with uncommitted changes (+dirty): their code is not exactly a commit")
     busy, alive = used.get("provenance.cpu_busy"), used.get("provenance.laglab_runs_alive")
@@ -152,6 +157,16 @@ def warnings_for(res: Result):
     else:
         b = pd.to_numeric(busy, errors="coerce") if busy is not None else pd.Series(np.nan, index=used.index)
         a = pd.to_numeric(alive, errors="coerce") if alive is not None else pd.Series(np.nan, index=used.index)
+        # before cpu_busy excluded a run's descendants, it counted the process runner's own actors as other load
+        own = used.get("provenance.cpu_busy_own_excluded")
+        own = own.fillna(False).astype(bool) if own is not None else pd.Series(False, index=used.index)
+        runner = used.get("cfg.runner.name", pd.Series("", index=used.index)).astype(str)
+        blind = (runner == "process") & ~own & b.notna()
+        if blind.any():
+            b = b.where(~blind)
+            notes.append(f"cpu_busy of {int(blind.sum())} process-runner runs was recorded before it excluded the run's "
+                         "own actor processes (it counted them as other load): not read as load (other laglab runs "
+                         "alive at their start still are)")
         loaded = (b > BUSY) | (a > 0)
         if loaded.any():
             w.append(f"wall-clock measures ({', '.join(WALL_CLOCK)}) of {int(loaded.sum())}/{len(used)} runs were taken "
@@ -312,9 +327,10 @@ def _html_table(df: pd.DataFrame, cls: str = "") -> str:
 HEADLINE = ["auc", "final_return", "steps_to_threshold", "time_to_threshold", "sps", "lag_mean", "kl_behavior"]
 UPDATES = ["clip_frac", "update_kl", "entropy", "kl_behavior"]  # what the updates did while the runs learned
 CAPTIONS = {
-    "lag_cost": "Lag cost: ΔAUC against each family's own baseline (lag 0), against the lag set (log2 axis) and "
-                "against the measured KL(behavior ‖ current); lines: IQM difference, bands: 95% CI (dots: seeds, "
-                "when a group has fewer than 5).",
+    "lag_cost": "Lag cost: ΔAUC against each family's own baseline (e.g. lag 0), against the treatment's values "
+                "(log2 axis; the measured mean version lag where the treatment is not a number, e.g. the runner) "
+                "and against the measured KL(behavior ‖ current); lines: IQM difference, bands: 95% CI (dots: "
+                "seeds, when a group has fewer than 5).",
     "return_vs_env_steps": "Return (rolling mean) against env steps: IQM across seeds with a 95% CI band.",
     "return_vs_wall_clock": "Return against wall-clock seconds (sensitive to machine load; see the warnings).",
     "per_seed": "Every seed's learning curve, one panel per group.",
@@ -323,7 +339,10 @@ CAPTIONS = {
                            "analysis/references.py), with a 95% CI band.",
     "lag_histograms": "Version lag of the trained transitions, per group.",
     "queue": "Queue depth and time in the queue, per group (first seed).",
-    "actors": "SPS and KL(behavior ‖ current) against the actor count.",
+    "actors": "Against the actor count (log2 axis): throughput, the version lag of the trained data (mean, p95 "
+              "dashed), KL(behavior ‖ current) with seed 004's 0.01-0.03 band shaded, AUC per env step, and wall "
+              "seconds and env steps to the threshold (k/n: runs that reached it, when not all did); IQM with 95% "
+              "CIs.",
 }
 
 
@@ -428,7 +447,8 @@ def run(paths: List[str], out: Optional[Path], opts: Options) -> Result:
             find_runs(paths)  # a missing dir or an old report says so first
             raise AnalysisError("--out is required when reading run or sweep dirs")
         runs = load_runs(paths, opts.threshold, opts.include_failed)
-        write_compact(out, runs, load_curves(paths, runs), lag_counts(runs))
+        reports = [p for p in map(Path, paths) if is_report_dir(p) and not (p / "summary.json").exists()]
+        write_compact(out, runs, load_curves(paths, runs), lag_counts(runs, reports))
         meta = {"format": FORMAT, **{k: getattr(opts, k) for k in Options.__dataclass_fields__}}
         (out / REPORT_JSON).write_text(json.dumps(meta, indent=1) + "\n")
         runs, curve_df, lags = load_runs(out), load_curves(out), read_lag_counts(out)  # one path for build and rebuild

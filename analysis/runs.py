@@ -25,14 +25,34 @@ CURVE_COLUMNS = {"env_steps": "env_steps", "wall_time": "wall_time", RETURN: RET
 
 
 def _split(paths: Iterable[str | Path]) -> tuple:
+    """(report dirs, run and sweep dirs) among ``paths``. Report dirs and run dirs may be mixed: a study that spans
+    sessions or machines keeps what it has as a report's compact data, and adds new run dirs to it later."""
     paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
     for p in paths:
         if not p.exists():
             raise FileNotFoundError(f"{p}: no such run, sweep or report dir")
     reports = [p for p in paths if is_report_dir(p) and not (p / "summary.json").exists()]
-    if reports and (len(reports) > 1 or len(reports) < len(paths)):
-        raise AnalysisError(f"pass one report dir ({', '.join(map(str, reports))}), or run and sweep dirs, not a mix")
     return reports, [p for p in paths if p not in reports]
+
+
+def _offsets(reports) -> list:
+    """The run id each report's first run takes when reports and run dirs are read together: the reports' runs
+    first, in the order given, then the run dirs' (so :func:`load_runs` and :func:`curves` of the same paths
+    agree)."""
+    out, n = [], 0
+    for r in reports:
+        out.append(n)
+        ids = pd.read_csv(r / RUNS_CSV, usecols=["run_id"])["run_id"]
+        n += int(ids.max()) + 1 if len(ids) else 0
+    return out + [n]
+
+
+def _new_dirs(reports, dirs) -> list:
+    """The run dirs under ``dirs`` that none of ``reports`` already holds (by path)."""
+    held = set()
+    for r in reports:
+        held |= set(pd.read_csv(r / RUNS_CSV, usecols=["run_dir"])["run_dir"].astype(str))
+    return [d for d in (find_runs(dirs) if dirs else []) if str(d) not in held]
 
 
 def _version_lags(run_dir: Path) -> np.ndarray:
@@ -55,9 +75,14 @@ def load_runs(paths, threshold: Optional[float] = None, include_failed: bool = F
     summary.json's ``final_return_mean``, ``steps_to_threshold``, ``reached``, ``sps``, ``lag_mean``, ...).
     ``used`` marks the runs statistics use (completed ones, or all with ``include_failed``)."""
     reports, dirs = _split(paths)
-    frames = [pd.read_csv(r / RUNS_CSV) for r in reports]
+    offsets = _offsets(reports)
+    frames = []
+    for r, off in zip(reports, offsets):
+        f = pd.read_csv(r / RUNS_CSV)
+        f["run_id"] = f["run_id"] + off
+        frames.append(f)
     rows = []
-    for run_dir in (find_runs(dirs) if dirs else []):
+    for run_dir in _new_dirs(reports, dirs):
         row = load_run(run_dir)
         env_id = row.get("cfg.env.id")
         thr = threshold if threshold is not None else THRESHOLDS.get(str(env_id or ""), float("nan"))
@@ -71,14 +96,13 @@ def load_runs(paths, threshold: Optional[float] = None, include_failed: bool = F
         frames.append(pd.DataFrame(rows))
     if not frames:
         raise FileNotFoundError(f"no run dirs (with a summary.json) under {', '.join(map(str, paths))}")
-    if reports:  # a report's own table, as it was written
-        runs = frames[0]
-        if include_failed:
-            runs["used"] = True
-        return runs
-    runs = frames[0]
-    runs.insert(0, "run_id", np.arange(len(runs)))
-    runs["used"] = True if include_failed else runs["status"].eq("completed")
+    if rows:
+        new = frames[-1]
+        new.insert(0, "run_id", offsets[-1] + np.arange(len(new)))
+        new["used"] = True if include_failed else new["status"].eq("completed")
+    runs = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]  # (reports' tables as written)
+    if include_failed:
+        runs["used"] = True
     return runs.copy()  # one block per dtype (built column by column, it would warn on every later assign)
 
 
@@ -87,13 +111,18 @@ def curves(paths, runs: Optional[pd.DataFrame] = None) -> pd.DataFrame:
     same paths). Columns: ``run_id``, ``env_steps``, ``wall_time``, ``episodic_return_mean``, ``lag_mean``,
     ``kl_behavior``, and, for runs with a queue (not ``runner=sync``), ``queue_depth`` and ``age_s``."""
     reports, dirs = _split(paths)
-    if reports:
-        return pd.read_parquet(reports[0] / CURVES)
-    if runs is None:  # the same run ids as load_runs(paths), without computing the measures
-        found = find_runs(dirs)
-        runs = pd.DataFrame({"run_id": np.arange(len(found)), "run_dir": [str(p) for p in found],
-                             "cfg.runner.name": [load_run(p).get("cfg.runner.name") for p in found]})
+    offsets = _offsets(reports)
     frames = []
+    for r, off in zip(reports, offsets):
+        c = pd.read_parquet(r / CURVES)
+        c["run_id"] = c["run_id"].astype("int64") + off
+        frames.append(c)
+    if runs is None:  # the same run ids as load_runs(paths), without computing the measures
+        found = _new_dirs(reports, dirs)
+        runs = pd.DataFrame({"run_id": offsets[-1] + np.arange(len(found)), "run_dir": [str(p) for p in found],
+                             "cfg.runner.name": [load_run(p).get("cfg.runner.name") for p in found]})
+    else:
+        runs = runs[runs["run_id"] >= offsets[-1]]  # (the reports' runs have their curves above)
     runner = runs["cfg.runner.name"] if "cfg.runner.name" in runs else pd.Series([None] * len(runs), index=runs.index)
     for run_id, run_dir, name in zip(runs["run_id"], runs["run_dir"], runner):
         m = metrics(run_dir)
@@ -104,18 +133,27 @@ def curves(paths, runs: Optional[pd.DataFrame] = None) -> pd.DataFrame:
         frames.append(c)
     if not frames:
         return pd.DataFrame(columns=["run_id"] + list(CURVE_COLUMNS.values()))
-    return pd.concat(frames, ignore_index=True)
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
 
 
-def lag_counts(runs: pd.DataFrame) -> pd.DataFrame:
-    """Version-lag histogram of each run whose lag varied: ``run_id``, ``lag``, ``count``."""
+def lag_counts(runs: pd.DataFrame, reports=()) -> pd.DataFrame:
+    """Version-lag histogram of each run whose lag varied: ``run_id``, ``lag``, ``count`` (``reports``: report
+    dirs read together with run dirs, whose runs' histograms are their lag_counts.csv)."""
+    reports = [Path(r) for r in reports]
+    frames = []
+    for r, off in zip(reports, _offsets(reports)):
+        f = read_lag_counts(r)
+        f["run_id"] = f["run_id"].astype("int64") + off
+        frames.append(f)
+    runs = runs[runs["run_id"] >= _offsets(reports)[-1]]
     rows = []
     for run_id, run_dir, varies in zip(runs["run_id"], runs["run_dir"], runs.get("lag_varies", [False] * len(runs))):
         if not varies or not isinstance(run_dir, str) or not Path(run_dir).is_dir():
             continue
         v, n = np.unique(np.round(_version_lags(Path(run_dir))).astype(int), return_counts=True)
         rows += [{"run_id": int(run_id), "lag": int(a), "count": int(b)} for a, b in zip(v, n)]
-    return pd.DataFrame(rows, columns=["run_id", "lag", "count"])
+    frames.append(pd.DataFrame(rows, columns=["run_id", "lag", "count"]))
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[-1]
 
 
 def write_compact(out: Path, runs: pd.DataFrame, curve_df: pd.DataFrame, lags: pd.DataFrame) -> None:

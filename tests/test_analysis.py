@@ -182,7 +182,7 @@ def test_groups_on_different_code_and_runs_under_load_are_named(tmp_path):
             make_run(tmp_path / "runs", f"{lag}_{s}", lag=lag, seed=s, auc_value=100 + s,
                      commit=("b" if lag == 4 and s == 0 else "a") * 40, dirty=(lag == 4 and s == 0),
                      provenance={"cpu_busy": 0.9 if s == 1 else 0.02, "laglab_runs_alive": 0, "load_1min": 0.1,
-                                 "cpu_count": 2})
+                                 "cpu_count": 2, "cpu": "Xeon, avx2" if s == 2 else "Xeon, avx512f"})
     p = _report(tmp_path / "runs", "--out", tmp_path / "r")
     assert p.returncode == 0, p.stderr
     s = pd.read_csv(tmp_path / "r" / "summary.csv").set_index("cfg.actor.fixed_lag")
@@ -190,6 +190,29 @@ def test_groups_on_different_code_and_runs_under_load_are_named(tmp_path):
     md = (tmp_path / "r" / "report.md").read_text()
     assert "groups ran different code" in md and "actor.fixed_lag=4 (aaaaaaa bbbbbbb+dirty)" in md
     assert "under load" in md and "2/10 runs" in md
+    assert "runs ran on different CPUs (Xeon, avx512f: 8; Xeon, avx2: 2)" in md
+
+
+def test_process_runs_own_actors_are_not_load(tmp_path):
+    # runs recorded before cpu_busy excluded a run's own actor processes: a process run's 36% is its actors
+    for s in range(5):
+        make_run(tmp_path / "old", f"p{s}", seed=s, auc_value=100, runner="process", provenance={
+            "cpu_busy": 0.36, "laglab_runs_alive": 0})
+        make_run(tmp_path / "new", f"p{s}", seed=s, auc_value=100, runner="process", provenance={
+            "cpu_busy": 0.36, "cpu_busy_own_excluded": True, "laglab_runs_alive": 0})
+    assert _report(tmp_path / "old", "--out", tmp_path / "r_old").returncode == 0
+    md = (tmp_path / "r_old" / "report.md").read_text()
+    assert "under load" not in md and "cpu_busy of 5 process-runner runs was recorded before" in md
+    assert _report(tmp_path / "new", "--out", tmp_path / "r_new").returncode == 0
+    assert "5/5 runs were taken under load" in (tmp_path / "r_new" / "report.md").read_text()
+
+
+def test_provenance_names_the_cpu():
+    from laglab.run import cpu_model, provenance
+
+    assert provenance()["cpu"] == cpu_model()
+    with open("/proc/cpuinfo") as f:
+        assert cpu_model().split(",")[0] in f.read()
 
 
 def test_a_hyperparameter_is_chosen_on_selection_seeds_and_reported_on_the_others(tmp_path):
@@ -227,6 +250,36 @@ def test_a_report_rebuilds_from_its_own_compact_files_with_identical_tables(tmp_
     assert (out / "report.html").exists() and (out / "figures" / "lag_cost.png").exists()
     c = pd.read_parquet(out / "curves.parquet")
     assert {"run_id", "env_steps", "wall_time", "episodic_return_mean", "lag_mean", "kl_behavior"} <= set(c.columns)
+
+
+def test_a_study_continues_from_its_compact_data_with_new_run_dirs(tmp_path):
+    # a study that spans sessions: its first part kept as a report's compact data (the run dirs gone), the rest
+    # added later as run dirs: the merged report equals the one built from every run dir at once
+    first = {k: v[:3] for k, v in AUCS.items()}
+    rest = {k: v[3:] for k, v in AUCS.items()}
+    lag_study(tmp_path / "a", first, seeds=range(3))
+    lag_study(tmp_path / "b", rest, seeds=range(3, 5))
+    for d in ("a", "b"):  # (every run at once, for the reference)
+        shutil.copytree(tmp_path / d, tmp_path / "all" / d)
+    assert _report(tmp_path / "a", "--out", tmp_path / "part", "--baseline", "cfg.actor.fixed_lag=0").returncode == 0
+    shutil.rmtree(tmp_path / "a")
+    p = _report(tmp_path / "part", tmp_path / "b", "--out", tmp_path / "merged", "--baseline", "cfg.actor.fixed_lag=0")
+    assert p.returncode == 0, p.stderr
+    assert _report(tmp_path / "all", "--out", tmp_path / "ref", "--baseline", "cfg.actor.fixed_lag=0").returncode == 0
+    m, r = _summary(tmp_path / "merged"), _summary(tmp_path / "ref")
+    assert (m["runs"] == 5).all()
+    for col in ("auc_iqm", "auc_low", "auc_high", "auc_delta", "auc_poi"):
+        assert np.allclose(m[col], r.loc[m.index, col]), col
+    runs = pd.read_csv(tmp_path / "merged" / "runs.csv")
+    assert sorted(runs["run_id"]) == list(range(20))
+    c = pd.read_parquet(tmp_path / "merged" / "curves.parquet")
+    assert set(c["run_id"]) == set(runs["run_id"])  # every run's curve, under its new id
+    # run dirs a report already holds are not added twice, and the merged report rebuilds alone
+    assert _report(tmp_path / "merged", tmp_path / "b", "--out", tmp_path / "twice",
+                   "--baseline", "cfg.actor.fixed_lag=0").returncode == 0
+    assert len(pd.read_csv(tmp_path / "twice" / "runs.csv")) == 20
+    assert _report(tmp_path / "merged", "--out", tmp_path / "again").returncode == 0
+    assert (tmp_path / "again" / "summary.csv").read_bytes() == (tmp_path / "merged" / "summary.csv").read_bytes()
 
 
 def test_figures_that_do_not_apply_are_not_drawn(tmp_path):
@@ -280,17 +333,23 @@ def test_provenance_records_the_host_load():
     assert p["laglab_runs_alive"] >= 1  # the process above looks like a training run
     # over a run: what the others used, not this process's own work
     import time
+    spin = f"{sys.executable} -c 'import time\nt = time.time()\nwhile time.time() - t < 1.5: pass'"
     start = _cpu_jiffies()
-    busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 1.5: pass"])
-    time.sleep(1.7)  # (not reaped yet: a child's time counts as this process's once it is waited for)
+    subprocess.run(["sh", "-c", f"{spin} &"])  # an orphan (its parent exits at once): somebody else's process
+    time.sleep(1.7)
     others = host_load_over(start)["cpu_busy"]
-    busy.wait()
     start = _cpu_jiffies()
     t = time.time()
     while time.time() - t < 1.5:  # this process's own work is not load
         pass
     own = host_load_over(start)["cpu_busy"]
-    assert 0 <= own < others <= 1, (own, others)
+    # nor is a descendant's, alive or reaped: the process runner's actors are grandchildren (of its fork server)
+    start = _cpu_jiffies()
+    kid = subprocess.Popen(["sh", "-c", f"{spin} & wait"])
+    time.sleep(1.7)
+    descendants = host_load_over(start)["cpu_busy"]
+    kid.wait()
+    assert 0 <= own < others <= 1 and 0 <= descendants < others, (own, descendants, others)
 
 
 # ---- statistics (slow references in test_analysis_stats.py) ----------------------------------------------

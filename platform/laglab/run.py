@@ -24,6 +24,23 @@ from .tracking import Tracker
 log = logging.getLogger("laglab")
 
 
+def cpu_model() -> Optional[str]:
+    """The CPU's model name and its widest vector instructions (``"Intel(R) Xeon(R) Processor, avx512f"``): the same
+    commit and seed give bit-identical runs on one kind of CPU only (float rounding differs between instruction
+    sets, and the trajectories part after a few updates), so a study says which CPUs its runs had."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            head = f.read().split("\n\n", 1)[0]
+    except OSError:
+        return None
+    info = dict(line.split(":", 1) for line in head.splitlines() if ":" in line)
+    info = {k.strip(): v.strip() for k, v in info.items()}
+    flags = set(info.get("flags", "").split())
+    isa = next((x for x in ("avx512f", "avx2", "avx", "sse4_2") if x in flags), None)
+    name = info.get("model name") or info.get("Model") or info.get("cpu model")
+    return ", ".join(x for x in (name, isa) if x) or None
+
+
 def provenance() -> Dict[str, Any]:
     """Where a run came from and what the machine was doing when it started: git commit and dirty flag of the
     source tree, package versions, host, command line, start time, and the host's load (``load_1min``: the 1-min
@@ -54,6 +71,7 @@ def provenance() -> Dict[str, Any]:
     except (OSError, subprocess.SubprocessError):
         out["git_commit"], out["git_dirty"] = None, None
     out["cpu_count"] = os.cpu_count()
+    out["cpu"] = cpu_model()
     try:
         out["load_1min"] = os.getloadavg()[0]
     except OSError:
@@ -80,20 +98,39 @@ def provenance() -> Dict[str, Any]:
 
 
 def _cpu_jiffies() -> Tuple[int, int, int]:
-    """(all CPUs' time, all CPUs' busy time, the time this process and its reaped children used), in clock ticks."""
+    """(all CPUs' time, all CPUs' busy time, the time this process and its descendants used), in clock ticks.
+
+    Descendants: the live ones (the process runner's fork server and the actors it forked) each with what it
+    reaped, plus what this process reaped; so a run's own actors are never "other" load. Ray's workers are not
+    descendants (Ray's raylet starts them)."""
     import os
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
-    with open(f"/proc/{os.getpid()}/stat") as f:
-        own = [int(x) for x in f.read().rsplit(")", 1)[1].split()[11:15]]  # utime stime cutime cstime
+    stats = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    rest = f.read().rsplit(")", 1)[1].split()
+            except OSError:  # (exited while we looked)
+                continue
+            stats[int(d)] = (int(rest[1]), sum(int(x) for x in rest[11:15]))  # ppid; utime stime cutime cstime
+    me = os.getpid()
+    mine, frontier = {me}, [me]
+    while frontier:
+        parent = frontier.pop()
+        for pid, (ppid, _) in stats.items():
+            if ppid == parent and pid not in mine:
+                mine.add(pid)
+                frontier.append(pid)
     total = sum(v[:8])
-    return total, total - v[3] - v[4], sum(own)
+    return total, total - v[3] - v[4], sum(stats[p][1] for p in mine if p in stats)
 
 
 def host_load_over(start: Optional[Tuple[int, int, int]]) -> Dict[str, Any]:
     """``cpu_busy``: the fraction of the machine's CPU time that *other* processes used since ``start`` (a
-    :func:`_cpu_jiffies` reading; this process and the actor processes it has reaped are not others — Ray's
-    workers are), and the 1-min load average at the end."""
+    :func:`_cpu_jiffies` reading; this process and its descendants, the actor processes among them, are not
+    others — Ray's workers are), and the 1-min load average at the end."""
     import os
     out: Dict[str, Any] = {}
     try:
@@ -101,6 +138,7 @@ def host_load_over(start: Optional[Tuple[int, int, int]]) -> Dict[str, Any]:
         t1, b1, o1 = _cpu_jiffies()
         t0, b0, o0 = start
         out["cpu_busy"] = round(min(1.0, max(0.0, ((b1 - b0) - (o1 - o0)) / (t1 - t0))), 3) if t1 > t0 else None
+        out["cpu_busy_own_excluded"] = True  # (its actor processes too: runs before this key counted them as load)
     except (OSError, ValueError, IndexError, TypeError):
         out["cpu_busy"] = None
     return out
