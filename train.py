@@ -56,8 +56,9 @@ def main(cfg) -> float:
     signal.signal(signal.SIGINT, request_stop)
     group = hc.sweep.dir if sweep else None  # a sweep is one W&B group
     try:
-        summary = run(c, hc.runtime.output_dir, resolved_config=OmegaConf.to_container(cfg, resolve=True),
-                      group=group)
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+        resolved["actors"] = c.actors  # (actors=auto resolved: W&B's config shows the count the run used)
+        summary = run(c, hc.runtime.output_dir, resolved_config=resolved, group=group)
     except ConfigError as e:
         print(f"laglab: {e}", file=sys.stderr)
         sys.exit(2)

@@ -38,6 +38,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from .load import run_config
+
 SEVERITY = ("ok", "watch", "act")
 KL_FINE, KL_HARM, KL_TUNE = 0.01, 0.03, 0.02  # seed 004: < 0.01 fine, 0.01-0.03 watch, > 0.03 harmful; tune to < 0.02
 
@@ -92,7 +94,7 @@ def read_run(path: Path) -> Run:
     else:
         raise DoctorError(f"{path}: not a run dir (no summary.json, no metrics.parquet)")
     cfg_file = path / ".hydra" / "config.yaml"
-    cfg = yaml.safe_load(cfg_file.read_text()) if cfg_file.is_file() else {}
+    cfg = run_config(cfg_file, summary) if cfg_file.is_file() else {}
     m = pd.read_parquet(path / "metrics.parquet") if (path / "metrics.parquet").is_file() else pd.DataFrame()
     a = pd.read_parquet(path / "actors.parquet") if (path / "actors.parquet").is_file() else pd.DataFrame()
     return Run(path, summary, cfg or {}, m, a)

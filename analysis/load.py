@@ -65,13 +65,22 @@ def flatten(d: Dict, prefix: str = "") -> Dict[str, object]:
     return out
 
 
+def run_config(cfg_file: Path, summary: Dict) -> Dict:
+    """A run's ``.hydra/config.yaml`` (as composed, before interpolation), with ``actors: auto`` replaced by the
+    count the run used (summary.json ``actors``): groups and figures need the number."""
+    cfg = yaml.safe_load(Path(cfg_file).read_text()) or {}
+    if cfg.get("actors") == "auto" and isinstance(summary.get("actors"), int):
+        cfg["actors"] = summary["actors"]
+    return cfg
+
+
 def load_run(run_dir: Path) -> Dict[str, object]:
     run_dir = Path(run_dir)
     s = json.loads((run_dir / "summary.json").read_text())
     row: Dict[str, object] = {"run_dir": str(run_dir), "status": s.get("status", "unknown")}
     cfg_file = run_dir / ".hydra" / "config.yaml"
     if cfg_file.exists():
-        row.update({f"cfg.{k}": v for k, v in flatten(yaml.safe_load(cfg_file.read_text()) or {}).items()})
+        row.update({f"cfg.{k}": v for k, v in flatten(run_config(cfg_file, s)).items()})
     ov = run_dir / ".hydra" / "overrides.yaml"
     row["overrides"] = " ".join(yaml.safe_load(ov.read_text()) or []) if ov.exists() else ""
     for k, v in s.items():

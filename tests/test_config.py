@@ -11,7 +11,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
-from laglab.config import Config, ConfigError, Estimator, LossKind, register_configs, validate
+from laglab.config import (Config, ConfigError, Estimator, LossKind, auto_actors, register_configs, usable_cpus,
+                           validate)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONF = os.path.join(ROOT, "conf")
@@ -39,8 +40,40 @@ def test_every_preset_composes_and_validates(algo, env, runner):
 
 def test_defaults_are_the_documented_run():
     c = validate(_compose())
-    assert (c.actors, c.seed, c.total_env_steps, c.env.id) == (4, 0, 200_000, "CartPole-v1")
+    assert (c.seed, c.total_env_steps, c.env.id) == (0, 200_000, "CartPole-v1")
     assert c.algo.name == "ppo" and c.runner.name.value == "process"  # the fastest runner
+    assert c.actors == auto_actors("process", usable_cpus())  # actors=auto, resolved
+    assert c.actors_auto == {"cpus": usable_cpus(), "actors": c.actors}
+
+
+def test_actors_auto_follows_the_runner_and_the_usable_cpus():
+    # the measured rule (benchmarks/actors_auto.py): one actor per CPU the learner does not use, at least one; the
+    # thread runner one (its actors share the learner's GIL); sync as process (the matched baseline)
+    assert [auto_actors("process", n) for n in (1, 2, 8)] == [1, 1, 7]
+    assert [auto_actors("sync", n) for n in (1, 2, 8)] == [1, 1, 7]
+    assert [auto_actors("ray", n) for n in (1, 2, 8)] == [1, 1, 7]
+    assert [auto_actors("thread", n) for n in (1, 2, 8)] == [1, 1, 1]
+    for runner in RUNNERS:
+        assert validate(_compose(f"runner={runner}")).actors == auto_actors(runner, usable_cpus())
+    c = validate(_compose("actors=8"))  # an explicit count is honoured, and nothing says it was chosen
+    assert c.actors == 8 and getattr(c, "actors_auto", None) is None
+
+
+def test_actors_auto_reads_the_affinity_not_the_machine(tmp_path):
+    # one CPU by affinity (taskset, a cpuset, SLURM): a child process composes the default config
+    code = ("import os, sys; os.sched_setaffinity(0, [sorted(os.sched_getaffinity(0))[0]]); "
+            f"sys.path.insert(0, {os.path.join(ROOT, 'tests')!r}); "
+            "from test_config import _compose; from laglab.config import validate; "
+            "c = validate(_compose()); print(c.actors, c.actors_auto['cpus'])")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == [str(auto_actors("process", 1)), "1"]
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "many", "2.5", "true"])
+def test_bad_actor_counts_are_refused(value):
+    with pytest.raises(ConfigError, match="actors=.*an integer >= 1, or auto"):
+        validate(_compose(f"actors={value}"))
 
 
 def test_env_preset_sets_its_own_budget_but_command_line_wins():
@@ -51,7 +84,7 @@ def test_env_preset_sets_its_own_budget_but_command_line_wins():
 
 @pytest.mark.parametrize("override,exc", [
     ("learner.nope=1", ConfigCompositionException),
-    ("actors=four", ConfigCompositionException),
+    ("seed=four", ConfigCompositionException),
     ("algo=nope", ConfigCompositionException),
     ("transport.policy=sometimes", ConfigCompositionException),
 ])
@@ -137,11 +170,11 @@ def test_train_py_refuses_bad_overrides_before_starting(args, needle):
     (["hydra/launcher=basik"], "hydra/launcher=basik; allowed: basic"),
     (["--config-name", "confg"], "--config-name confg: no such config; allowed: config; did you mean config?"),
     (["tracking.wandb.mode=onlin"], "tracking.wandb.mode='onlin'; allowed: online | offline | disabled | auto"),
-    (["-m", "seed=0,1", "actors=0,2"], "job #0 (seed=0 actors=0): invalid config: actors=0; allowed: an integer >= 1 "
-                                       "(2 of 4 jobs fail; nothing was started)"),
+    (["-m", "seed=0,1", "actors=0,2"], "job #0 (seed=0 actors=0): invalid config: actors=0; allowed: an integer >= 1, "
+                                       "or auto (2 of 4 jobs fail; nothing was started)"),
     # a sweep by hydra.mode instead of -m (Hydra runs it as one): its jobs are checked as a sweep's
     (["hydra.mode=MULTIRUN", "seed=0,1", "actors=0"], "job #0 (seed=0): invalid config: actors=0; allowed: an "
-                                                      "integer >= 1 (2 of 2 jobs fail; nothing was started)"),
+                                                      "integer >= 1, or auto (2 of 2 jobs fail; nothing was started)"),
 ])
 def test_every_bad_override_is_one_laglab_line_exit_2_and_leaves_no_dir(tmp_path, args, line):
     p = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args, f"hydra.run.dir={tmp_path / 'run'}",

@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import importlib.util
 import math
+import os
 import typing
 from dataclasses import dataclass, field
 from enum import Enum
@@ -222,7 +223,9 @@ class TrackingConfig:
 
 @dataclass
 class Config:
-    actors: int = 4
+    # an integer >= 1, or "auto" (train.py's default): the count measured fastest for the runner on the CPUs this
+    # process may use (auto_actors); validate() resolves it, so a validated Config always holds an integer
+    actors: Any = 4
     seed: int = 0
     total_env_steps: int = 200_000
     resume: Optional[str] = None  # a run dir: continue from its newest checkpoint (version counter intact)
@@ -253,18 +256,55 @@ def _schema_at(path: str) -> type:
 SCHEMA_NAME = "laglab_schema"  # not a selectable group option
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity: taskset, cgroups' cpusets, SLURM), not the machine's count."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # (not Linux)
+        return max(1, os.cpu_count() or 1)
+
+
+def auto_actors(runner: Any, cpus: int) -> int:
+    """The actor count ``actors=auto`` picks for ``runner`` on ``cpus`` usable CPUs: one actor per CPU the
+    learner does not use, at least one (thread: one, whatever the CPUs: its actors share the learner's GIL).
+
+    Measured on this project's 2-CPU machine (``benchmarks/actors_auto.py``, medians of 3 interleaved runs; the
+    actors-knee study, reports/actors_knee_cartpole): the learner is the bottleneck, so the fewest actors within 5%
+    of the fastest SPS were 1 on 1 and on 2 CPUs, for the process and the thread runner, on CartPole and on
+    HalfCheetah (process runner on 2 CPUs: CartPole 27.1k SPS at 1 actor, 28.1k at 2, 27.1k at 4; HalfCheetah 4.9k
+    at 1 actor, 4.6k at 4); and KL(behavior || current) left seed 004's band between 2 and 4 actors while one actor
+    reached a solved CartPole fastest. The sync runner follows the process runner's rule, so ``runner=sync``
+    beside a default run is the matched baseline (the same envs). More CPUs than two were not measured here:
+    ``cpus - 1`` assumes that an actor per free core keeps a learner of this speed fed."""
+    kind = str(getattr(runner, "value", runner))
+    return 1 if kind == "thread" else max(1, int(cpus) - 1)
+
+
+def resolve_actors(actors: Any, runner: Any) -> Any:
+    """``actors`` as an integer when it is ``"auto"``; anything else as given (validate() checks it)."""
+    return auto_actors(runner, usable_cpus()) if actors == "auto" else actors
+
+
 def lead_batches(k: float, *, _root_: Any) -> int:
     """Resolver ``${lead_batches:k}``: a per-actor ``max_lead_steps`` that lets all actors together run
     ``k`` snapshots' worth of batches ahead of the learner (at least one rollout each)."""
     a, lr = _root_.actor, _root_.learner
-    share = math.ceil(float(k) * lr.batch_size * lr.broadcast_every / max(1, int(_root_.actors)))
+    n = resolve_actors(_root_.actors, _root_.runner.name)
+    n = n if isinstance(n, int) and n >= 1 else 1  # (a bad count is validate()'s to refuse, with its message)
+    share = math.ceil(float(k) * lr.batch_size * lr.broadcast_every / n)
     return max(int(a.envs_per_actor) * int(a.rollout_len), share)
+
+
+def actors_n(*, _root_: Any) -> Any:
+    """Resolver ``${actors_n:}``: the actor count with ``auto`` resolved (for the run dir's name)."""
+    return resolve_actors(_root_.actors, _root_.runner.name)
 
 
 def register_configs() -> None:
     from hydra.core.config_store import ConfigStore
 
     OmegaConf.register_new_resolver("lead_batches", lead_batches, replace=True)
+    OmegaConf.register_new_resolver("actors_n", actors_n, replace=True)
     ConfigStore.instance().store(name=SCHEMA_NAME, node=Config)
 
 
@@ -394,7 +434,11 @@ def validate(cfg: Any) -> Config:
     else:
         c = cfg
     a, lr, ac, al = c.actor, c.learner, c.algo, c.algo.advantage
-    _require(c.actors >= 1, "actors", "an integer >= 1", c.actors)
+    if c.actors == "auto":
+        c.actors = auto_actors(c.runner.name, usable_cpus())
+        c.actors_auto = {"cpus": usable_cpus(), "actors": c.actors}  # (not a key: what run() reports of the choice)
+    _require(isinstance(c.actors, int) and not isinstance(c.actors, bool) and c.actors >= 1, "actors",
+             "an integer >= 1, or auto", c.actors)
     _require(c.total_env_steps >= 1, "total_env_steps", "an integer >= 1", c.total_env_steps)
     _require(a.envs_per_actor >= 1, "actor.envs_per_actor", "an integer >= 1", a.envs_per_actor)
     _require(a.rollout_len >= 1, "actor.rollout_len", "an integer >= 1", a.rollout_len)

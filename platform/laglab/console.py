@@ -251,7 +251,8 @@ def footer(summary: Mapping[str, Any], run_dir: Any) -> str:
     status = s.get("status", "?")
     head = f"laglab: {status}"
     what = ", ".join(str(x) for x in (s.get("env_id"), s.get("algo"), s.get("runner") and f"runner={s['runner']}",
-                                      s.get("actors") is not None and f"{s['actors']} actor(s)",
+                                      s.get("actors") is not None and f"{s['actors']} actor(s)"
+                                      + (" (actors=auto)" if s.get("actors_auto") else ""),
                                       s.get("seed") is not None and f"seed {s['seed']}") if x)
     lines = [f"{head} - {what}" if what else head]
     row = lambda k, v: lines.append(f"  {k:<9} {v}")  # noqa: E731

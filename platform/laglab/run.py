@@ -196,7 +196,9 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
     tracker = start_tracker(cfg, run_dir, resolved_config, group)
     timeline.mark("tracker")  # (the tracker's clock, the metrics' wall_time, starts here)
     wandb_mode = tracker.wandb.mode if tracker.wandb else "disabled"
-    base = {"algo": cfg.algo.name, "actors": cfg.actors, "seed": cfg.seed, "runner": cfg.runner.name.value,
+    auto = getattr(cfg, "actors_auto", None)  # how actors=auto chose (validate), else null: the count was given
+    base = {"algo": cfg.algo.name, "actors": cfg.actors, "actors_auto": auto, "seed": cfg.seed,
+            "runner": cfg.runner.name.value,
             "env_id": cfg.env.id, "total_env_steps": cfg.total_env_steps, "resumed_from": cfg.resume,
             "start_env_steps": used, "start_version": learner.version, "wandb_mode": wandb_mode,
             "provenance": provenance()}
@@ -204,8 +206,9 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
         cpu0: Optional[Tuple[int, int, int]] = _cpu_jiffies()
     except (OSError, ValueError, IndexError):
         cpu0 = None
-    log.info("laglab: %s on %s, %d actor(s), runner=%s, seed=%d -> %s", cfg.algo.name, cfg.env.id, cfg.actors,
-             cfg.runner.name.value, cfg.seed, run_dir)
+    log.info("laglab: %s on %s, %d actor(s)%s, runner=%s, seed=%d -> %s", cfg.algo.name, cfg.env.id, cfg.actors,
+             f" (actors=auto: {auto['cpus']} usable CPU(s))" if auto else "", cfg.runner.name.value, cfg.seed,
+             run_dir)
     status, error, result = "failed", None, {}
     t0 = time.perf_counter()
     try:
