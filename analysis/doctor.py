@@ -9,7 +9,8 @@ overrides to paste after ``python train.py``. The rules and thresholds are the g
 * ``kl_behavior``: KL(behavior || current) below 0.01 is fine, 0.01-0.03 needs watching, above 0.03 the stale samples
   hurt convergence: fewer actors, a shorter queue (its 4.2 and 4.3).
 * ``loss_explosion``: loss jumps or diverges; check KL and version lag first; lower the clip, dual-clip, force a
-  refresh of stale actors (5.1).
+  refresh of stale actors (5.1). Spikes the return came back from (it ended within 10% of its best) are watched,
+  not acted on: a step size tuned for the best AUC makes them.
 * ``lagging_worker``: an actor far behind the learner's version (5.1: the worker still on version 120 while the
   learner is at 200): forced refresh.
 * ``parameter_wait``: actors spending their time fetching parameters (5.2): a minimum sync interval.
@@ -190,7 +191,18 @@ def rule_loss(r: Run) -> Finding:
         ov.append("algo.loss.kind=decoupled_dual_clip")
     if stale:
         ov.append(f"actor.refresh_lag={refresh_lag_for(r, float(lag.max()) / 3)}")
-    return Finding("loss_explosion", "act", "loss explosion", ev, ov,
+    sev = "act"
+    ret = _col(r.metrics, "episodic_return_mean")
+    ret = ret.dropna() if ret is not None else None
+    if div is None and ret is not None and len(ret) >= 2:
+        span = float(ret.max() - ret.min())
+        end = float(ret.iloc[-1])
+        if span > 0 and end >= float(ret.max()) - 0.1 * span and end >= float(ret.iloc[0]) + 0.5 * span:
+            # spikes the run came back from (a large step size, tuned for the best AUC, does this): worth a look,
+            # not an alarm
+            sev = "watch"
+            ev += f"; the return recovered: it ended at {end:.1f}, its best {float(ret.max()):.1f}"
+    return Finding("loss_explosion", sev, "loss explosion", ev, ov,
                    "the guide's first check is KL and version lag; then a smaller clip (or dual-clip) bounds what "
                    "one stale sample can do, and a forced refresh stops actors acting with very old versions")
 

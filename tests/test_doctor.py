@@ -125,7 +125,22 @@ def test_a_solved_task_value_loss_is_not_an_explosion(runs, tmp_path):
 
     d = _with_losses(runs / "healthy", tmp_path / "exploded", exploded)
     f = next(f for f in diagnose(d)["findings"] if f["rule"] == "loss_explosion")
-    assert f["severity"] == "act" and "value loss jumped" in f["evidence"]
+    assert "value loss jumped" in f["evidence"]
+    assert f["severity"] == "watch" and "the return recovered" in f["evidence"]  # (this run still ended at 500)
+
+
+def test_spikes_the_return_came_back_from_are_watched_an_explosion_acted_on(runs, tmp_path):
+    import pandas as pd
+
+    d = tmp_path / "spike"
+    shutil.copytree(runs / "healthy", d)
+    m = pd.read_parquet(d / "metrics.parquet")
+    m.loc[len(m) // 3, "losses/approx_kl"] = 1.5  # one huge update mid-run; the run still ends at its best
+    m.to_parquet(d / "metrics.parquet")
+    f = next(f for f in diagnose(d)["findings"] if f["rule"] == "loss_explosion")
+    assert f["severity"] == "watch" and "the return recovered" in f["evidence"] and f["overrides"]
+    f = next(f for f in diagnose(runs / "loss_explosion")["findings"] if f["rule"] == "loss_explosion")
+    assert f["severity"] == "act" and "recovered" not in f["evidence"]  # (lr 0.5: it never learned)
 
 
 def test_explained_variance_of_targets_that_do_not_vary_says_nothing(runs, tmp_path):
