@@ -42,7 +42,7 @@ def _wait_gone(pids, within_s=10.0):
 
 def _start(tmp_path, *args, **popen):
     """train.py as a benchmark or a notebook starts it: output captured through pipes."""
-    return subprocess.Popen([sys.executable, "train.py", "runner=process", "tracking.wandb.mode=disabled",
+    return subprocess.Popen([sys.executable, "train.py", "runner=process", "actors=4", "tracking.wandb.mode=disabled",
                              "tracking.flush_every_s=0", f"hydra.run.dir={tmp_path}", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
 

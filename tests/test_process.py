@@ -234,7 +234,7 @@ def test_forkserver_actors_run_the_learners_code_not_the_installed_copy(tmp_path
 
 
 def _train(tmp_path, *args):
-    return subprocess.Popen([sys.executable, "train.py", "runner=process", "tracking.wandb.mode=disabled",
+    return subprocess.Popen([sys.executable, "train.py", "runner=process", "actors=4", "tracking.wandb.mode=disabled",
                              "tracking.flush_every_s=0", f"hydra.run.dir={tmp_path}", *args], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
 

@@ -94,7 +94,8 @@ def tiny_train(argv, tmp, i):
 
 def substitute(cmd, runs, sweeps, tmp, i):
     """Placeholders -> dirs made by earlier commands; ``--out`` -> a temporary dir."""
-    for ph in ("outputs/<date>/<time>_ppo_a4_s0", "outputs/<that run>", "<run dir>"):
+    cmd = re.sub(r"outputs/<date>/<time>_ppo_a(\d+|<n>)_s0", "<run dir>", cmd)  # (the count actors=auto chose)
+    for ph in ("outputs/<that run>", "<run dir>"):
         if ph in cmd:
             assert runs, f"{cmd}: no run made before it"
             cmd = cmd.replace(ph, runs[-1])
