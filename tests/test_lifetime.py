@@ -169,7 +169,9 @@ def test_hundreds_of_restarts_hold_no_more_descriptors_than_a_few(tmp_path, monk
     early, late = slice(n // 10, n // 4), slice(3 * n // 4, n)
     # a leak of one descriptor per life would add hundreds; a sample may catch, per slot, a life whose death is
     # being booked and the next one starting (a pipe, a bell, a process sentinel each)
-    assert fds[late].min() <= fds[early].min() + 4, (fds[early], fds[late])  # the floor: no life in between
+    # the floor: at most every slot caught in between (2 slots x 3), where a leak of one per life would add 300;
+    # (+4 failed 2 of 9 runs here: the late samples all caught both slots restarting, 38 vs an early floor of 32)
+    assert fds[late].min() <= fds[early].min() + 2 * 3, (fds[early], fds[late])
     assert fds[late].max() <= fds[early].max() + 12, (fds[early], fds[late])
     assert threads[late].max() <= threads[early].max()
     assert shm.max() == 6  # the run's six segments (five and its life file), whatever restarts
