@@ -67,6 +67,16 @@ class Run:
     metrics: pd.DataFrame
     actors: pd.DataFrame
 
+    @property
+    def n_actors(self) -> int:
+        """The run's actor count: its config's, or (actors=auto in a run killed before summary.json said what auto
+        chose) the actors actors.parquet saw, else 1."""
+        n = self.get("actors", 1)
+        if isinstance(n, int) and not isinstance(n, bool):
+            return max(1, n)
+        a = self.actors
+        return max(1, int(a["actor"].nunique())) if len(a) and "actor" in a else 1
+
     def get(self, dotted: str, default=None):
         node = self.cfg
         for k in dotted.split("."):
@@ -128,7 +138,7 @@ def rule_kl(r: Run) -> Finding:
         ev += f"; mean version lag {lag.mean():.2f}"
     ov, advice = [], "fine (seed 004: below 0.01)"
     if sev != "ok":
-        n, cap = int(r.get("actors", 1) or 1), int(r.get("transport.capacity", 64) or 64)
+        n, cap = r.n_actors, int(r.get("transport.capacity", 64) or 64)
         ov = ([f"actors={max(1, n // 2)}"] if n > 1 else []) + [f"transport.capacity={max(1, cap // 2)}",
                                                                  f"learner.max_kl_behavior={KL_TUNE}"]
         advice = ("stale samples: hold KL under 0.02 with fewer actors or a shorter queue first; the KL cap drops "
@@ -273,7 +283,7 @@ def rule_queue_age(r: Run) -> Finding:
         ev += f"; queue depth median {depth.median():g} of {r.get('transport.capacity', '?')}"
     ov = []
     if sev != "ok":
-        n, cap = int(r.get("actors", 1) or 1), int(r.get("transport.capacity", 64) or 64)
+        n, cap = r.n_actors, int(r.get("transport.capacity", 64) or 64)
         ov = [f"transport.capacity={max(1, cap // 2)}"] + ([f"actors={max(1, n // 2)}"] if n > 1 else [])
     return Finding("queue_age", sev, "queue age vs update time", ev, ov,
                    "data waits for several updates before it is used: a shorter queue or fewer actors (the guide's "
@@ -411,7 +421,7 @@ def tuning_step(r: Run, findings: Dict[str, Finding]) -> Dict[str, object]:
         step, why = 1, "KL is above 0.02 or data waits in the queue: fix staleness before anything else"
     else:
         wait = _col(r.steady, "learner/wait_frac")
-        n = int(r.get("actors", 1) or 1)
+        n = r.n_actors
         cores = int((r.summary.get("provenance") or {}).get("cpu_count") or 0)
         cpu_bound = r.get("env.id") != "laglab/Latency-v0"  # (latency-env actors sleep: they need no core)
         if wait is not None and float(wait.median()) > 0.2 and r.get("runner.name") != "sync":

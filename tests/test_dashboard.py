@@ -65,7 +65,11 @@ def test_workspace_and_report_build_offline(tmp_path):
     assert [g["name"] for g in runset["grouping"]] == ["algo.value.name"]  # ... grouped by its swept key
     rep = dashboard.to_json(dashboard.report("me", "laglab", "multirun/x", ["algo.name"], "| a |\n|---|\n| 1 |",
                                              offline=True))
-    assert sum(1 for b in rep["spec"]["blocks"] if b.get("type") == "panel-grid") == len(dashboard.SECTIONS)
+    grids = [b for b in rep["spec"]["blocks"] if b.get("type") == "panel-grid"]
+    assert len(grids) == len(dashboard.SECTIONS)
+    for g in grids:  # the report's runs are grouped by the swept key too, as the workspace's (a config key)
+        groupings = [r["grouping"] for r in g["metadata"]["runSets"]]
+        assert groupings and all(gr == runset["grouping"] for gr in groupings), groupings
 
 
 def test_command_line_dry_run_and_a_clear_error_without_an_account(tmp_path):

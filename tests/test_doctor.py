@@ -143,6 +143,22 @@ def test_spikes_the_return_came_back_from_are_watched_an_explosion_acted_on(runs
     assert f["severity"] == "act" and "recovered" not in f["evidence"]  # (lr 0.5: it never learned)
 
 
+def test_a_killed_auto_run_without_a_summary_is_read(runs, tmp_path):
+    import yaml
+
+    # actors=auto (the default) in a run killed before summary.json said what auto chose: the doctor reads the
+    # actors it saw instead of failing on the word
+    d = tmp_path / "killed"
+    shutil.copytree(runs / "queue_age", d)
+    (d / "summary.json").unlink()
+    cfg = yaml.safe_load((d / ".hydra" / "config.yaml").read_text())
+    cfg["actors"] = "auto"
+    (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    res = diagnose(d)
+    assert "killed" in res["status"] and {f["rule"] for f in res["findings"]} >= {"queue_age", "books"}
+    assert main([str(d), "--json"]) == 0
+
+
 def test_explained_variance_of_targets_that_do_not_vary_says_nothing(runs, tmp_path):
     import numpy as np
 

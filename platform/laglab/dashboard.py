@@ -122,7 +122,8 @@ def report(entity: str, project: str, group: Optional[str], by: Sequence[str], s
     import wandb_workspaces.workspaces as ws
 
     rs = wr.Runset(entity="" if offline else entity, project="" if offline else project, name=group or "runs",
-                   filters=[ws.Metric("Group") == group] if group else "", groupby=list(by))
+                   filters=[ws.Metric("Group") == group] if group else "",
+                   groupby=[f"config.{k}" for k in by])  # (a report's grouping keys name their section: config.)
     blocks = [wr.H1(f"laglab sweep {group}" if group else "laglab runs"),
               wr.P("Built by python -m laglab.dashboard --report: laglab's panels, grouped by the swept keys "
                    f"({', '.join(by) or 'none'}).")]
