@@ -292,12 +292,98 @@ def cost_differences(df: pd.DataFrame, by: Sequence[str], baseline: Dict[str, st
     return pd.DataFrame(rows)
 
 
+def reference_family(families: Sequence[tuple], with_baseline: Sequence[tuple], by: Sequence[str],
+                     baseline: Dict[str, str], reference: Dict[str, str]) -> Optional[tuple]:
+    """The family every other is measured against: of the families with a baseline group, the one whose keys
+    take the values of ``reference`` ({key: value}). Without ``reference``: the one family with a baseline
+    group, or None when none or several have one (each family then has its own cost, nothing to buy back)."""
+    fam_by = [b for b in by if b not in baseline]
+    bad = [k for k in reference if k not in fam_by]
+    if bad:
+        raise AnalysisError(f"--reference {', '.join(bad)}: not a grouping key other than the baseline's (families "
+                            f"are by {', '.join(fam_by) or 'nothing'})")
+    pos = {k: fam_by.index(k) for k in reference}
+    cand = [f for f in with_baseline if all(f[pos[k]] == str(v) for k, v in reference.items())]
+    if len(cand) == 1:
+        return cand[0]
+    if not reference:  # a lag-cost study (every algorithm with its own lag 0): nothing to buy back from
+        return None
+    if not cand:
+        if reference:
+            raise AnalysisError(f"--reference {';'.join(f'{k}={v}' for k, v in reference.items())}: no family with "
+                                f"that value has a baseline run ({', '.join(f'{k}={v}' for k, v in baseline.items())})")
+        return None
+    raise AnalysisError("several families have a baseline run (" + "; ".join(label(fam_by, f) for f in cand) +
+                        f"): name the one the others are measured against, e.g. --reference {fam_by[0]}={cand[0][0]}")
+
+
+def recovery(df: pd.DataFrame, by: Sequence[str], baseline: Dict[str, str], reference: Optional[Dict[str, str]] = None,
+             col: str = "auc", reps: int = REPS, seed: int = BOOT_SEED) -> pd.DataFrame:
+    """What a method buys back of the reference's cost: for every family but the reference (e.g. the remedies,
+    the reference being PPO) at every treatment level where the reference ran too (e.g. lag 8), with ``m`` the
+    method there, ``r`` the reference there and ``r0`` the reference at the baseline (lag 0), the IQMs' ``cost``
+    (r0 - r, what the reference loses), ``gain`` (m - r), ``vs_baseline`` (m - r0) and ``recovered``
+    ((m - r) / (r0 - r), the fraction of the cost bought back), each with its bootstrap 95% CI (the groups
+    resampled by seed together when their seeds match, else independently; no interval when a group has fewer
+    than 5 runs). Empty when there is no baseline or no family with a baseline run to be the reference."""
+    used = df[df["used"]] if "used" in df else df
+    baseline = {k: str(v) for k, v in (baseline or {}).items()}
+    if not baseline:
+        return pd.DataFrame()
+    grouped = dict(groups_of(used, by))
+    base_of = matched_baselines(list(grouped), by, baseline)
+    fam_of = {k: family(by, k, baseline) for k in grouped}
+    with_base = sorted({fam_of[k] for k, bk in base_of.items() if bk == k})
+    ref = reference_family(sorted(set(fam_of.values())), with_base, by, baseline, reference or {})
+    if ref is None:
+        return pd.DataFrame()
+    level = lambda k: tuple(v for b, v in zip(by, k) if b in baseline)  # noqa: E731
+    ref_at = {level(k): k for k in grouped if fam_of[k] == ref}
+    r0_key = next(k for k in grouped if fam_of[k] == ref and base_of[k] == k)
+    fam_by = [b for b in by if b not in baseline]
+    rows = []
+    for k in grouped:
+        if fam_of[k] == ref or base_of[k] == k or level(k) not in ref_at:
+            continue
+        m, r, r0 = grouped[k], grouped[ref_at[level(k)]], grouped[r0_key]
+        sets = [m, r, r0]
+        is_paired = paired(m, r) and paired(m, r0)
+        if is_paired:
+            ok = set(m.loc[np.isfinite(m[col].astype(float)), "cfg.seed"])
+            for g in (r, r0):
+                ok &= set(g.loc[np.isfinite(g[col].astype(float)), "cfg.seed"])
+            sets = [_by_seed(g[g["cfg.seed"].isin(ok)]) for g in sets]
+        tasks = _tasks(sets[0], col)[1]
+        mt, rt, r0t = (_tasks(g, col, tasks)[0] for g in sets)
+        n = min(sum(map(len, t)) for t in (mt, rt, r0t))
+        row = {"method": label(fam_by, fam_of[k]), "reference": label(fam_by, ref),
+               **{f"level.{b}": v for b, v in zip(baseline, level(k))},
+               "runs": sum(map(len, mt)), "reference_runs": sum(map(len, rt)), "baseline_runs": sum(map(len, r0t)),
+               "paired": is_paired, "interval": "bootstrap 95% CI" if n >= MIN_CI_RUNS else f"none (n < {MIN_CI_RUNS})"}
+        stats_of = {"cost": (lambda a, b, c: stats.iqm(c) - stats.iqm(b)),
+                    "gain": (lambda a, b, c: stats.iqm(a) - stats.iqm(b)),
+                    "vs_baseline": (lambda a, b, c: stats.iqm(a) - stats.iqm(c)),
+                    "recovered": stats.recovered(stats.iqm)}
+        for name, f in stats_of.items():
+            if n >= MIN_CI_RUNS:
+                row[name], row[f"{name}_low"], row[f"{name}_high"] = stats.interval_k(f, [mt, rt, r0t], is_paired,
+                                                                                      reps, seed=seed)
+            else:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    row[name] = float(f(mt, rt, r0t))
+                row[f"{name}_low"] = row[f"{name}_high"] = float("nan")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def select(df: pd.DataFrame, key: str, on_seeds: Sequence[int], by: Sequence[str],
            col: str = "auc") -> Tuple[pd.DataFrame, pd.DataFrame]:
     """Tuning without selection bias: per group of ``by`` (``key`` excluded), the value of ``key`` with the best
     IQM of ``col`` over the runs of the selection seeds; the group is then reported on the other seeds only.
     Returns (the runs with ``used`` kept only for the held-out runs of the chosen values and a ``selection``
-    column, one row per group with the chosen value and each candidate's selection IQM)."""
+    column, one row per group with the chosen value, ``how`` it was chosen and each candidate's selection IQM).
+    A group whose runs are all held-out at one value is kept as "fixed" (its value chosen elsewhere); a group
+    whose chosen value has no held-out run yet (a study in progress) has ``held_out_runs`` 0 and no used run."""
     if key not in df:
         raise AnalysisError(f"--select {key}: no such column; config columns look like cfg.learner.lr")
     by = [b for b in by if b != key]
@@ -312,15 +398,21 @@ def select(df: pd.DataFrame, key: str, on_seeds: Sequence[int], by: Sequence[str
         for v, gv in g[sel_seed[g.index]].groupby(key, dropna=False, sort=True):
             cand[str(v)] = stats.iqm(gv[col].to_numpy(float))
         finite = {v: s for v, s in cand.items() if np.isfinite(s)}
-        if not finite:
-            raise AnalysisError(f"group {label(by, gk)}: no run of the selection seeds {list(on_seeds)} to select on")
-        best = max(finite, key=lambda v: finite[v])
+        held_values = g.loc[~sel_seed[g.index], key].astype(str).unique()
+        if not finite and not cand and len(held_values) == 1:
+            # a group run at one value chosen elsewhere (e.g. the reference arm of another study's selection):
+            # kept, and the selection table says it was not selected here
+            best, how = held_values[0], "fixed (not selected in these runs)"
+        elif not finite:
+            raise AnalysisError(f"group {label(by, gk)}: no run of the selection seeds {list(on_seeds)} to select "
+                                f"on" + (f", and its held-out runs have {len(held_values)} values of {key}"
+                                         if len(held_values) > 1 else ""))
+        else:
+            best, how = max(finite, key=lambda v: finite[v]), "selected"
         held = g[(g[key].astype(str) == best) & ~sel_seed[g.index]]
-        if held.empty:
-            raise AnalysisError(f"group {label(by, gk)}: no held-out run (seeds outside {list(on_seeds)}) with "
-                                f"{key}={best}")
         keep[held.index] = True
-        rows.append({**{b: g[b].iloc[0] for b in by}, key: held[key].iloc[0], "held_out_runs": len(held),
+        rows.append({**{b: g[b].iloc[0] for b in by}, key: g.loc[g[key].astype(str) == best, key].iloc[0],
+                     "how": how, "held_out_runs": len(held),
                      **{f"selection {col} IQM at {v}": s for v, s in cand.items()}})
     df.loc[~keep, "selection"] = np.where(sel_seed[~keep], "selection", "not chosen")
     df["used"] = used & keep

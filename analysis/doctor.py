@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from .load import run_config
+from .load import is_run_dir as _has_run_files, run_config
 
 SEVERITY = ("ok", "watch", "act")
 KL_FINE, KL_HARM, KL_TUNE = 0.01, 0.03, 0.02  # seed 004: < 0.01 fine, 0.01-0.03 watch, > 0.03 harmful; tune to < 0.02
@@ -100,10 +100,11 @@ def read_run(path: Path) -> Run:
         except json.JSONDecodeError as e:
             raise DoctorError(f"{path}/summary.json is not JSON ({e}): the run was cut off while writing it") \
                 from None
-    elif (path / "metrics.parquet").is_file():  # killed (SIGKILL, out of memory) before it could write one
-        summary = {"status": "killed (no summary.json: the process ended without writing it)"}
+    elif is_run_dir(path):  # killed (SIGKILL, out of memory) before it could write one, or still running
+        summary = {"status": "killed or still running (no summary.json: the process has not written one)"}
     else:
-        raise DoctorError(f"{path}: not a run dir (no summary.json, no metrics.parquet)")
+        raise DoctorError(f"{path}: not a run dir (no summary.json, no .hydra/config.yaml beside a train.log or "
+                          "metrics.parquet)")
     cfg_file = path / ".hydra" / "config.yaml"
     cfg = run_config(cfg_file, summary) if cfg_file.is_file() else {}
     m = pd.read_parquet(path / "metrics.parquet") if (path / "metrics.parquet").is_file() else pd.DataFrame()
@@ -346,7 +347,12 @@ def rule_value(r: Run) -> Finding:
     cv = float(vl.std() / vl.mean()) if vl is not None and vl.mean() > 0 else float("nan")
     sev = "act" if med < -0.2 else "watch" if med < 0.2 else "ok"  # (near 0: the critic explains nothing)
     ev = f"explained variance median {med:.2f} over the second half; value loss coefficient of variation {cv:.2f}"
-    vf = float(r.get("algo.loss.vf_coef", 0.5) or 0.5)
+    vf = r.get("algo.loss.vf_coef")
+    vf = 0.5 if vf is None else float(vf)
+    if vf == 0 and sev != "ok":  # the critic is not trained at all: no weight to halve
+        return Finding("value_instability", sev, "value estimates", ev + "; the value loss weight is 0",
+                       ["algo.loss.vf_coef=0.5"], "algo.loss.vf_coef=0 trains no critic, so its estimates (and "
+                       "the advantages built on them) stay where they started: give the value loss a weight")
     ov = [f"algo.loss.vf_coef={vf / 2:g}", f"learner.epochs={max(1, int(r.get('learner.epochs', 4) or 4) // 2)}"] \
         if sev != "ok" else []
     return Finding("value_instability", sev, "value estimates", ev, ov,
@@ -439,6 +445,50 @@ def tuning_step(r: Run, findings: Dict[str, Finding]) -> Dict[str, object]:
     return {"step": step, "what": TUNING[step], "why": why}
 
 
+def refused(r: Run, overrides: List[str]) -> Optional[str]:
+    """Why ``python train.py <this run's config> <overrides>`` would be refused (laglab's own validation), or
+    None when it would start (or when the run's config cannot be checked: no .hydra/config.yaml)."""
+    if not r.cfg or not overrides:
+        return None
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+    from laglab.config import ConfigError, register_configs, validate
+
+    register_configs()  # (the resolvers a run's composed config uses)
+    try:
+        validate(OmegaConf.merge(OmegaConf.create(r.cfg), OmegaConf.from_dotlist(list(overrides))))
+    except (ConfigError, OmegaConfBaseException, ValueError) as e:
+        return str(e).removeprefix("invalid config: ")
+    return None
+
+
+def check_overrides(r: Run, findings: Dict[str, Finding]) -> List[str]:
+    """Every suggestion must start: a finding's overrides that laglab would refuse on this run's config are
+    taken out one by one (the refusal said in its advice), and the overrides of all findings that act or watch,
+    pasted together, are checked as one line. Returns notes on what cannot be combined."""
+    for f in findings.values():
+        why = refused(r, f.overrides)
+        while why is not None and f.overrides:
+            bad = next((o for o in f.overrides if o.split("=", 1)[0] in why), f.overrides[-1])
+            f.overrides = [o for o in f.overrides if o != bad]
+            f.advice += f" ({bad} left out: with this run's config laglab refuses it: {why})"
+            why = refused(r, f.overrides)
+    notes = []
+    active = [f for f in findings.values() if f.severity != "ok" and f.overrides]
+    union = list(dict.fromkeys(o for f in active for o in f.overrides))
+    keys = [o.split("=", 1)[0] for o in union]
+    clash = sorted({k for k in keys if keys.count(k) > 1})
+    if clash:
+        notes.append("the findings suggest different values of " + ", ".join(clash) + ": apply one finding's "
+                     "overrides at a time")
+    elif len(active) > 1:
+        why = refused(r, union)
+        if why is not None:
+            notes.append(f"the findings' overrides cannot all be pasted together ({why}): apply one finding's "
+                         "overrides at a time, in the tuning order")
+    return notes
+
+
 def diagnose(path: str | Path) -> Dict[str, object]:
     """Every rule on one run dir: {"run", "status", "notes", "findings": [...], "tuning_step": {...}}."""
     r = read_run(Path(path))
@@ -451,20 +501,26 @@ def diagnose(path: str | Path) -> Dict[str, object]:
     if not len(r.metrics):
         notes.append("no updates: the run stopped before its first learner update (only the books can be read)")
     findings = {f.rule: f for f in (rule(r) for rule in RULES)}
+    notes += check_overrides(r, findings)
     out = {"run": str(r.path), "status": status, "notes": notes,
            "findings": [asdict(f) for f in findings.values()],
            "tuning_step": tuning_step(r, findings) if len(r.metrics) else None}
     return out
 
 
+def is_run_dir(path: Path) -> bool:
+    """What the doctor reads: a run dir as analysis.load knows one (a summary, or a config beside a log or
+    metrics), or a bare metrics.parquet."""
+    return _has_run_files(path) or (path / "metrics.parquet").is_file()
+
+
 def find_run_dirs(path: Path) -> List[Path]:
     if not path.exists():
         raise DoctorError(f"{path}: no such run or sweep dir")
-    if (path / "summary.json").is_file():
+    if is_run_dir(path):
         return [path]
-    if (path / "metrics.parquet").is_file():
-        return [path]
-    runs = sorted({p.parent for p in path.rglob("summary.json")} | {p.parent for p in path.rglob("metrics.parquet")})
+    runs = sorted({p.parent for p in path.rglob("summary.json")} | {p.parent for p in path.rglob("metrics.parquet")}
+                  | {c.parent.parent for c in path.rglob(".hydra/config.yaml") if _has_run_files(c.parent.parent)})
     if not runs:
         raise DoctorError(f"{path}: no run dirs under it (a run dir has a summary.json; is this the run's output "
                           "dir, e.g. outputs/<date>/<time>_...?)")

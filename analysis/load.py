@@ -30,18 +30,30 @@ def is_report_dir(p: str | Path) -> bool:
     return (p / RUNS_CSV).is_file() and (p / CURVES).is_file()
 
 
+NO_SUMMARY = "no summary (killed, or still running)"
+
+
+def is_run_dir(p: Path) -> bool:
+    """A run dir: summary.json, or a run's composed config (.hydra/config.yaml) beside its log or metrics: a
+    run killed before it could write its summary (SIGKILL, the machine restarting) or still running."""
+    return (p / "summary.json").is_file() or ((p / ".hydra" / "config.yaml").is_file() and any(
+        (p / f).exists() for f in ("train.log", "metrics.parquet")))
+
+
 def find_runs(paths: Iterable[str | Path]) -> List[Path]:
-    """Every run dir (a dir with summary.json) at or below the given paths, sorted, without repeats."""
+    """Every run dir at or below the given paths, sorted, without repeats: those with a summary.json and those
+    without one yet (killed or running; :func:`load_run` gives them the status ``NO_SUMMARY``)."""
     out = set()
     for p in map(Path, paths):
         if not p.exists():
             raise FileNotFoundError(f"{p}: no such run or sweep dir")
         if is_report_dir(p) and not (p / "summary.json").exists():
             continue
-        if (p / "summary.json").exists():
+        if is_run_dir(p):
             out.add(p.resolve())
         else:
             out.update(s.parent.resolve() for s in p.rglob("summary.json"))
+            out.update(c.parent.parent.resolve() for c in p.rglob(".hydra/config.yaml") if is_run_dir(c.parent.parent))
     old = [p for p in map(Path, paths) if (p / RUNS_CSV).is_file() and not (p / CURVES).is_file()]
     if not out and old:
         raise FileNotFoundError(f"{old[0]}: a report without its compact data (no {CURVES}; built before reports "
@@ -76,8 +88,10 @@ def run_config(cfg_file: Path, summary: Dict) -> Dict:
 
 def load_run(run_dir: Path) -> Dict[str, object]:
     run_dir = Path(run_dir)
-    s = json.loads((run_dir / "summary.json").read_text())
-    row: Dict[str, object] = {"run_dir": str(run_dir), "status": s.get("status", "unknown")}
+    sp = run_dir / "summary.json"
+    s = json.loads(sp.read_text()) if sp.exists() else {}
+    status = s.get("status", "unknown") if sp.exists() else NO_SUMMARY
+    row: Dict[str, object] = {"run_dir": str(run_dir), "status": status}
     cfg_file = run_dir / ".hydra" / "config.yaml"
     if cfg_file.exists():
         row.update({f"cfg.{k}": v for k, v in flatten(run_config(cfg_file, s)).items()})
@@ -114,8 +128,9 @@ def load(paths: Iterable[str | Path]) -> pd.DataFrame:
 
 
 def metrics(run_dir: str | Path) -> pd.DataFrame:
-    """metrics.parquet of one run (one row per learner update)."""
-    return pd.read_parquet(Path(run_dir) / "metrics.parquet")
+    """metrics.parquet of one run (one row per learner update; empty for a run killed before its first flush)."""
+    p = Path(run_dir) / "metrics.parquet"
+    return pd.read_parquet(p) if p.exists() else pd.DataFrame(columns=["update", "env_steps", "wall_time"])
 
 
 def histograms(run_dir: str | Path) -> pd.DataFrame:

@@ -82,11 +82,15 @@ def run_measures(df: pd.DataFrame, budget: float, threshold: float,
     m["clip_frac"] = _mean(learning, "losses/clip_frac")
     m["update_kl"] = _mean(learning, "losses/approx_kl")
     m["entropy"] = _mean(learning, "losses/entropy")
+    # how off-policy the trained data was to the update: the effective sample fraction (Kish) of the importance
+    # weights current/behavior (1 = on-policy), and the fraction of them the decoupled loss truncated at is_cap
+    m["is_ess"] = _mean(learning, "lag/is_ess")
+    m["is_trunc_frac"] = _mean(learning, "losses/is_trunc_frac")
     return m
 
 
 MEASURES = ["auc", "final_return", "steps_to_threshold", "time_to_threshold", "sps", "lag_mean", "lag_p95", "lag_max",
             "kl_behavior", "kept_frac", "dropped_frac", "rejected_frac", "queue_depth", "age_s", "clip_frac",
-            "update_kl", "entropy"]
+            "update_kl", "entropy", "is_ess", "is_trunc_frac"]
 # measures taken on the wall clock: only comparable between runs on an equally quiet machine
 WALL_CLOCK = ["time_to_threshold", "sps"]

@@ -2,7 +2,7 @@
 
     python -m analysis.report <run or sweep dirs...> --out <dir> [--by cfg.algo.name ...] [--threshold 475]
                               [--baseline "cfg.actor.fixed_lag=0"] [--select cfg.learner.lr --select-on seed=0-4]
-                              [--allow-mixed] [--include-failed]
+                              [--reference "cfg.algo.name=ppo"] [--allow-mixed] [--include-failed]
     python -m analysis.report reports/<study>          # rebuild a report from its committed compact files
 
 Writes the compact data (``runs.csv``: one row per run, config, provenance and measures; ``curves.parquet``: the
@@ -53,6 +53,7 @@ class Options:
     select: Optional[str] = None
     select_on: Optional[str] = None
     command: str = ""
+    reference: Optional[str] = None
 
 
 @dataclass
@@ -66,6 +67,7 @@ class Result:
     costs: pd.DataFrame
     normalized: pd.DataFrame
     selection: pd.DataFrame
+    recovery: pd.DataFrame = field(default_factory=pd.DataFrame)
     warnings: List[str] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
 
@@ -117,7 +119,8 @@ def build(runs: pd.DataFrame, curve_df: pd.DataFrame, lags: pd.DataFrame, opts: 
     summary = cmp.summarize(runs, by, baseline)
     costs = cmp.cost_differences(runs, by, baseline)
     normalized = cmp.normalized_aggregates(runs, by)
-    res = Result(runs, curve_df, lags, by, baseline, summary, costs, normalized, selection)
+    recovery = cmp.recovery(runs, by, baseline, cmp.parse_assignments(opts.reference))
+    res = Result(runs, curve_df, lags, by, baseline, summary, costs, normalized, selection, recovery)
     res.warnings, res.notes = warnings_for(res)
     if constant:
         res.warnings.insert(0, f"--baseline {opts.baseline}: the runs do not vary it ({said}), so there is no "
@@ -190,6 +193,16 @@ def warnings_for(res: Result):
     if res.baseline and "baseline" in s and (s["baseline"] == "none").any():
         w.append(f"{int((s['baseline'] == 'none').sum())} groups have no matched baseline "
                  f"({', '.join(f'{k}={v}' for k, v in res.baseline.items())} with the same other keys): no cost shown")
+    sel = res.selection
+    if not sel.empty and "held_out_runs" in sel and (sel["held_out_runs"] == 0).any():
+        pending = sel[sel["held_out_runs"] == 0]
+        w.append(f"{len(pending)} groups have no held-out run at the value selected for them yet (a study in "
+                 "progress): left out of every table — " + "; ".join(
+                     cmp.label([c for c in sel.columns if c.startswith("cfg.")], tuple(str(r[c]) for c in sel.columns
+                                                                                  if c.startswith("cfg.")))
+                     for _, r in pending.head(12).iterrows()))
+    if not res.recovery.empty and (res.recovery["interval"] != "bootstrap 95% CI").any():
+        w.append(f"the recovered fraction has no interval where a group has fewer than {MIN_CI_RUNS} runs")
     failed = res.runs[~res.runs["used"]]
     if len(failed) and "selection" not in res.runs:
         notes.append(f"{len(failed)} runs left out of the statistics (status: "
@@ -271,6 +284,26 @@ def costs_view(res: Result) -> pd.DataFrame:
     return out
 
 
+def recovery_view(res: Result) -> pd.DataFrame:
+    """One row per (method, treatment level): the reference's cost there, the method's gain over the reference,
+    the method against the reference's baseline, and the fraction of the cost it recovers, each [95% CI]."""
+    c = res.recovery
+    if c.empty:
+        return c
+    out = pd.DataFrame({"method": c["method"]})
+    for col in [x for x in c.columns if x.startswith("level.")]:
+        out[_short(col[len("level."):])] = c[col]
+    out["runs (method / ref. / ref. baseline)"] = [f"{a} / {b} / {d}" for a, b, d in
+                                                   zip(c["runs"], c["reference_runs"], c["baseline_runs"])]
+    ref = c["reference"].iloc[0]
+    cells = (("cost", f"{ref}'s cost (ΔAUC baseline − lag)"), ("gain", f"gain over {ref} (ΔAUC)"),
+             ("vs_baseline", f"against {ref} at the baseline (ΔAUC)"), ("recovered", "fraction of the cost recovered"))
+    for key, name in cells:
+        signed = key != "recovered"
+        out[name] = [_cell(p, lo, hi, "", signed) for p, lo, hi in zip(c[key], c[f"{key}_low"], c[f"{key}_high"])]
+    return out
+
+
 def normalized_view(res: Result) -> pd.DataFrame:
     """One row per (group, score): median, IQM, mean and optimality gap of the normalized score, each with its CI."""
     n = res.normalized
@@ -325,7 +358,8 @@ def _html_table(df: pd.DataFrame, cls: str = "") -> str:
 
 
 HEADLINE = ["auc", "final_return", "steps_to_threshold", "time_to_threshold", "sps", "lag_mean", "kl_behavior"]
-UPDATES = ["clip_frac", "update_kl", "entropy", "kl_behavior"]  # what the updates did while the runs learned
+# what the updates did while the runs learned
+UPDATES = ["clip_frac", "update_kl", "entropy", "kl_behavior", "is_ess", "is_trunc_frac"]
 CAPTIONS = {
     "lag_cost": "Lag cost: ΔAUC against each family's own baseline (e.g. lag 0), against the treatment's values "
                 "(log2 axis; the measured mean version lag where the treatment is not a number, e.g. the runner) "
@@ -350,6 +384,8 @@ def write(res: Result, out: Path, opts: Options, figs: Dict[str, Path]) -> None:
     res.summary.to_csv(out / "summary.csv", index=False)
     res.costs.to_csv(out / "costs.csv", index=False)
     res.normalized.to_csv(out / "normalized.csv", index=False)
+    if not res.recovery.empty:
+        res.recovery.to_csv(out / "recovery.csv", index=False)
     if not res.selection.empty:
         res.selection.to_csv(out / "selection.csv", index=False)
     used = res.runs[res.runs["used"]]
@@ -379,13 +415,18 @@ def write(res: Result, out: Path, opts: Options, figs: Dict[str, Path]) -> None:
         ("Figures", None, None),
         ("Selection (tuned on the selection seeds, reported on the others)", res.selection.rename(columns=_short),
          "wide") if not res.selection.empty else None,
+        ("What buys the cost back (each method against the reference at the same level: the fraction of the "
+         "reference's cost it recovers, (method − reference) / (reference at the baseline − reference), 1 = all of "
+         "it, 0 = none, below 0 = worse than the reference)", recovery_view(res), "wide")
+        if not res.recovery.empty else None,
         ("Difference in cost between families (ΔAUC of a minus ΔAUC of b, each against its own baseline)",
          costs_view(res), "wide") if not res.costs.empty else None,
         ("Normalized scores (0 = random policy, 1 = reference PPO; rliable's aggregates across tasks)",
          normalized_view(res), "wide") if not res.normalized.empty else None,
         ("All headline measures", wide_view(res, HEADLINE + ["lag_p95", "kept_frac", "dropped_frac"]), "wide"),
         ("What the updates did while learning (IQM per group, up to the threshold or the first half of the run: "
-         "PPO clip fraction, KL moved per update, entropy, KL(behavior ‖ current))", updates, "wide"),
+         "PPO clip fraction, KL moved per update, entropy, KL(behavior ‖ current), the effective sample fraction of the "
+         "importance weights current/behavior and the fraction the decoupled loss truncated)", updates, "wide"),
         ("Code per group", code, "wide"),
         ("Runs", runs_view, "wide"),
     ]
@@ -470,12 +511,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--select", default=None, help="a hyperparameter chosen per group on --select-on seeds, e.g. "
                                                    "cfg.learner.lr; the groups are reported on the other seeds")
     ap.add_argument("--select-on", default=None, help="selection seeds, e.g. seed=0-4")
+    ap.add_argument("--reference", default=None, help='the family the others buy its cost back from, e.g. '
+                    '"cfg.algo.name=ppo" (default: the one family with a baseline run)')
     ap.add_argument("--allow-mixed", action="store_true", help="pool runs of different envs or budgets")
     ap.add_argument("--include-failed", action="store_true", help="use failed / interrupted runs in the statistics")
     args = ap.parse_args(argv)
     command = "python -m analysis.report " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     opts = Options(args.by, args.baseline, args.threshold, args.allow_mixed, args.include_failed, args.select,
-                   args.select_on, command)
+                   args.select_on, command, args.reference)
     try:
         res = run(args.paths, args.out, opts)
     except (AnalysisError, FileNotFoundError) as e:

@@ -12,9 +12,11 @@ estimate (arrays of shape ``(n,)``) and all bootstrap replicates at once (arrays
 - ``profile``: the performance profile, the fraction of runs whose score exceeds each ``tau``, averaged over tasks;
 - ``probability_of_improvement``: P(X > Y) + P(X = Y) / 2 for a run X of one group and a run Y of the other on
   the same task (the Mann-Whitney U statistic over n m), averaged over tasks;
+- ``recovered``: the fraction of a reference's cost (its score at a treatment level against its baseline) a
+  method recovers at that level, e.g. what PPO loses to lag 8 and a remedy wins back;
 - ``interval``: the percentile bootstrap 95% CI of any of them, resampling runs with replacement within each task
   (stratified bootstrap); two-sample statistics resample both samples, independently or, when ``paired``, with
-  one index per task shared by both (runs matched by seed).
+  one index per task shared by both (runs matched by seed); ``interval_k`` does so for any number of samples.
 """
 from __future__ import annotations
 
@@ -160,6 +162,38 @@ def interval2(stat2: Callable, x: Union[Tasks, ArrayLike], y: Union[Tasks, Array
         return float("nan"), float("nan"), float("nan")
     lo, hi = _percentile(replicates2(stat2, x, y, paired, reps, seed), alpha)
     return float(stat2(x, y)), lo, hi
+
+
+def interval_k(stat_k: Callable, groups: Sequence[Union[Tasks, ArrayLike]], paired: bool = False, reps: int = 2000,
+               alpha: float = 0.05, seed: int = 0) -> Tuple[float, float, float]:
+    """(point, CI low, CI high) of a statistic of several samples, ``stat_k(*groups)``: each group resampled
+    within each task, independently or, when ``paired``, with one index per task shared by every group (the
+    groups then hold the same seeds in the same order, task by task)."""
+    groups = [_tasks(g) for g in groups]
+    if not all(map(_nonempty, groups)):
+        return float("nan"), float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    if paired:
+        if len({tuple(len(a) for a in g) for g in groups}) != 1:
+            raise ValueError("paired resampling needs the same number of runs per task in every group")
+        idx = [rng.integers(0, len(a), (reps, len(a))) for a in groups[0]]
+        draws = [[a[i] for a, i in zip(g, idx)] for g in groups]
+    else:
+        draws = [_resample(g, reps, rng) for g in groups]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lo, hi = _percentile(np.asarray(stat_k(*draws), float), alpha)
+        return float(stat_k(*groups)), lo, hi
+
+
+def recovered(stat: Callable) -> Callable:
+    """The fraction of a reference's cost a method recovers, ``(stat(m) - stat(r)) / (stat(r0) - stat(r))``:
+    ``m`` the method and ``r`` the reference at one treatment level (e.g. lag 8), ``r0`` the reference at its
+    baseline (lag 0). 0 = no better than the reference, 1 = the whole cost recovered (back at the baseline's
+    score), above 1 = better than the baseline, below 0 = worse than the reference; higher scores are better."""
+    def f(m, r, r0):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.divide(np.subtract(stat(m), stat(r)), np.subtract(stat(r0), stat(r)))
+    return f
 
 
 def difference(stat: Callable) -> Callable:

@@ -177,3 +177,45 @@ def test_profile_band_contains_the_profile():
     b = stats.profile_band(t, np.linspace(0, 1.5, 16), reps=500)
     assert np.all(b["low"] <= b["profile"] + 1e-12) and np.all(b["profile"] <= b["high"] + 1e-12)
     assert b["profile"][0] == pytest.approx(ref_profile([list(x) for x in t], 0.0))
+
+
+# ---- the fraction of a cost recovered (issue 19's headline) ----------------------------------------------------
+def ref_recovered(m, r, r0):
+    """(IQM(method) - IQM(reference)) / (IQM(reference at baseline) - IQM(reference)), written out."""
+    return (ref_iqm(m) - ref_iqm(r)) / (ref_iqm(r0) - ref_iqm(r))
+
+
+def test_recovered_fraction_by_hand():
+    # PPO scores -300 at lag 0 and -500 at lag 8 (cost 200); a remedy at -350 wins back 150 of the 200
+    f = stats.recovered(stats.iqm)
+    r0, r = _as_arrays([[-300.0] * 4]), _as_arrays([[-500.0] * 4])
+    assert f(_as_arrays([[-350.0] * 4]), r, r0) == pytest.approx(0.75)
+    assert f(r, r, r0) == 0.0 and f(r0, r, r0) == 1.0
+    assert f(_as_arrays([[-600.0] * 4]), r, r0) == pytest.approx(-0.5)  # worse than the reference: below 0
+    assert f(_as_arrays([[-250.0] * 4]), r, r0) == pytest.approx(1.25)  # better than lag 0: above 1
+    m = [[-320.0, -410.0, -350.0, -900.0, -330.0]]
+    rr, rr0 = [[-480.0, -520.0, -700.0, -505.0, -490.0]], [[-300.0, -310.0, -290.0, -305.0, -1000.0]]
+    assert f(*map(_as_arrays, (m, rr, rr0))) == pytest.approx(ref_recovered(m, rr, rr0))
+
+
+def test_interval_k_resamples_each_group_independently_and_matches_the_exact_bootstrap():
+    m, r, r0 = [[1.0, 2.0, 4.0]], [[0.0, 0.5, -1.0]], [[5.0, 6.0, 8.0]]
+    per = [list(itertools.product(g[0], repeat=3)) for g in (m, r, r0)]
+    exact = np.array([ref_recovered([list(a)], [list(b)], [list(c)]) for a in per[0] for b in per[1] for c in per[2]])
+    mc_lo_hi = stats.interval_k(stats.recovered(stats.iqm), [_as_arrays(g) for g in (m, r, r0)], reps=40000, seed=2)
+    lo, hi = np.percentile(exact, [2.5, 97.5])
+    assert mc_lo_hi[0] == pytest.approx(ref_recovered(m, r, r0))
+    assert mc_lo_hi[1] == pytest.approx(lo, abs=0.02) and mc_lo_hi[2] == pytest.approx(hi, abs=0.02)
+
+
+def test_interval_k_paired_shares_one_index_across_the_groups():
+    # seed i of every group moves together: a method always 1 above the reference, which is always 2 below its
+    # baseline, recovers exactly half, however much the seeds differ from each other
+    r0 = np.array([10.0, 20.0, 35.0, 50.0, 80.0])
+    r, m = r0 - 2.0, r0 - 1.0
+    f = stats.recovered(stats.mean)
+    assert stats.interval_k(f, [[m], [r], [r0]], paired=True, reps=2000) == pytest.approx((0.5, 0.5, 0.5))
+    p, lo, hi = stats.interval_k(f, [[m], [r], [r0]], paired=False, reps=2000)
+    assert p == pytest.approx(0.5) and lo < 0 and hi > 1  # independently resampled, the seed spread swamps it
+    with pytest.raises(ValueError, match="paired resampling"):
+        stats.interval_k(f, [[m], [r[:4]], [r0]], paired=True)

@@ -242,3 +242,48 @@ def test_bad_input_is_a_message(tmp_path, capsys):
     (tmp_path / "cut" / "summary.json").write_text('{"status": "comp')
     assert main([str(tmp_path / "cut")]) == 0  # reported as unreadable, not a traceback
     assert "cut off" in capsys.readouterr().out
+
+
+def _composed_run(overrides):
+    """A Run whose config is what train.py composes from ``overrides`` (no training)."""
+    import pandas as pd
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from analysis.doctor import Run
+    from laglab.config import register_configs
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose("config", overrides=list(overrides)))
+    return Run(ROOT, {"status": "completed"}, cfg, pd.DataFrame(), pd.DataFrame())
+
+
+def test_a_suggestion_laglab_would_refuse_is_left_out_and_a_clash_is_said():
+    from analysis.doctor import Finding, check_overrides
+
+    # the run caps KL already: a minimum sync interval on top of it is refused (actors keeping old snapshots would
+    # send only data the cap drops), so the parameter-wait finding keeps only what would start, and says why
+    r = _composed_run(["learner.max_kl_behavior=0.02", "actors=4"])
+    f = {"parameter_wait": Finding("parameter_wait", "act", "t", "e", ["actor.sync_min_lag=2",
+                                                                        "learner.broadcast_every=2"], "sync less")}
+    assert check_overrides(r, f) == []
+    assert f["parameter_wait"].overrides == ["learner.broadcast_every=2"]
+    assert "actor.sync_min_lag=2 left out" in f["parameter_wait"].advice and "max_kl_behavior" in f["parameter_wait"].advice
+    # each finding alone starts, but pasted together they do not: said, not silently offered as one line
+    r = _composed_run(["actors=4"])
+    f = {"kl_behavior": Finding("kl_behavior", "act", "t", "e", ["learner.max_kl_behavior=0.02"]),
+         "parameter_wait": Finding("parameter_wait", "act", "t", "e", ["actor.sync_min_lag=2"])}
+    notes = check_overrides(r, f)
+    assert f["kl_behavior"].overrides == ["learner.max_kl_behavior=0.02"]
+    assert f["parameter_wait"].overrides == ["actor.sync_min_lag=2"]
+    assert len(notes) == 1 and "cannot all be pasted together" in notes[0]
+    f = {"a": Finding("a", "act", "t", "e", ["actors=2"]), "b": Finding("b", "watch", "t", "e", ["actors=1"])}
+    assert "different values of actors" in check_overrides(r, f)[0]
+
+
+def test_a_critic_with_no_value_loss_weight_is_told_to_get_one(runs):
+    f = next(f for f in diagnose(runs / "value_instability")["findings"] if f["rule"] == "value_instability")
+    assert f["severity"] != "ok" and f["overrides"] == ["algo.loss.vf_coef=0.5"] and "trains no critic" in f["advice"]
