@@ -4,18 +4,24 @@
 
 Reads a run's metrics.parquet, actors.parquet and summary.json and reports, rule by rule, what it found (the
 evidence: update range and numbers), how serious it is (``ok``, ``watch``, ``act``) and what to change, as config
-overrides to paste after ``python train.py``. The rules and thresholds are the guide's:
+overrides to paste after ``python train.py`` (each checked against laglab's config validation on the run's own
+config: one it would refuse is left out, and the advice says why). The rules are the guide's; of the thresholds,
+the KL bands (0.01 / 0.03, tune to 0.02) are the guide's, the others are laglab's own reading of its words (data
+older than 2 / 5 updates' wall time, snapshot fetching above 10% / 25% of an actor's time, explained variance below
+0.2 / -0.2, SPS windows below half the level before them, a worker 2x / 4x the typical lag behind):
 
 * ``kl_behavior``: KL(behavior || current) below 0.01 is fine, 0.01-0.03 needs watching, above 0.03 the stale samples
-  hurt convergence: fewer actors, a shorter queue (its 4.2 and 4.3).
+  hurt convergence: fewer actors, a shorter queue (its 4.2 and 4.3). Watched too when one update in ten is above
+  0.03. Data at most a version or so old that is still far from the policy was moved by the step size, not by
+  staleness: then the advice is a smaller step size.
 * ``loss_explosion``: loss jumps or diverges; check KL and version lag first; lower the clip, dual-clip, force a
   refresh of stale actors (5.1). Spikes the return came back from (it ended within 10% of its best) are watched,
   not acted on: a step size tuned for the best AUC makes them.
 * ``lagging_worker``: an actor far behind the learner's version (5.1: the worker still on version 120 while the
   learner is at 200): forced refresh.
 * ``parameter_wait``: actors spending their time fetching parameters (5.2): a minimum sync interval.
-* ``queue_age``: data waiting in the queue for several updates (4.2, 5.4's sawtooth curves): a shorter queue, fewer
-  actors.
+* ``queue_age``: data waiting in the queue for several updates (4.2, 5.4's sawtooth curves), in the wall time from
+  one update to the next: a shorter queue, fewer actors.
 * ``late_jitter``: the return falls back after it peaked (5.3): check seeds, raise GAE lambda, fewer epochs.
 * ``value_instability``: the critic does not explain the returns (5.3/5.4): update the value function less.
 * ``throughput``: updates whose SPS drops below half the run's usual (5.2): look at actor utilisation and sync
@@ -128,22 +134,39 @@ def rule_kl(r: Run) -> Finding:
     kl = _col(r.steady, "lag/kl_behavior")
     if kl is None or kl.isna().all():
         return Finding("kl_behavior", "ok", "KL(behavior || current)", "not measured in this run")
-    med, hi = float(kl.median()), float(kl.max())
+    med, p90, hi = float(kl.median()), float(kl.quantile(0.9)), float(kl.max())
     over = r.steady["lag/kl_behavior"] > KL_HARM
-    sev = "act" if med > KL_HARM else "watch" if med > KL_FINE else "ok"
-    ev = f"median {med:.4f}, max {hi:.4f} over the second half of the updates"
+    sev = "act" if med > KL_HARM else "watch" if med > KL_FINE or p90 > KL_HARM else "ok"
+    ev = f"median {med:.4f}, 90th percentile {p90:.4f}, max {hi:.4f} over the second half of the updates"
     if over.any():
         ev += f"; above {KL_HARM} at {_upd(r.steady, over)}"
-    lag = _col(r.steady, "lag/mean")
-    if lag is not None:
-        ev += f"; mean version lag {lag.mean():.2f}"
+    lag, step = _col(r.steady, "lag/mean"), _col(r.steady, "losses/approx_kl")
+    lag_m = float(lag.mean()) if lag is not None else float("nan")
+    step_m = float(step.median()) if step is not None else float("nan")
+    if np.isfinite(lag_m):
+        ev += f"; mean version lag {lag_m:.2f}"
+    if np.isfinite(step_m):
+        ev += f"; each update moves the policy by KL {step_m:.4f} (median)"
     ov, advice = [], "fine (seed 004: below 0.01)"
     if sev != "ok":
+        # KL(behavior || current) is the movement of the lag's updates: data L versions old after updates that
+        # each move the policy by u is about L u apart. With the data nearly fresh (L <= 1.5) fewer actors cannot
+        # lower it: the step size is the lever; with older data both are
+        fresh = np.isfinite(lag_m) and lag_m <= 1.5
+        big_steps = np.isfinite(step_m) and step_m > KL_FINE
+        lr = r.get("learner.lr")
+        lr_ov = [f"learner.lr={float(lr) / 2:g}"] if isinstance(lr, (int, float)) and (fresh or big_steps) else []
         n, cap = r.n_actors, int(r.get("transport.capacity", 64) or 64)
-        ov = ([f"actors={max(1, n // 2)}"] if n > 1 else []) + [f"transport.capacity={max(1, cap // 2)}",
-                                                                 f"learner.max_kl_behavior={KL_TUNE}"]
-        advice = ("stale samples: hold KL under 0.02 with fewer actors or a shorter queue first; the KL cap drops "
-                  "what is still too far off")
+        stale_ov = [] if fresh else (([f"actors={max(1, n // 2)}"] if n > 1 else []) +
+                                     [f"transport.capacity={max(1, cap // 2)}"])
+        ov = stale_ov + lr_ov + ([f"learner.max_kl_behavior={KL_TUNE}"] if not fresh else [])
+        if fresh:
+            advice = ("the data is at most a version or so old, so the distance comes from how far each update "
+                      "moves the policy: a smaller step size (or learner.target_kl), not fewer actors")
+        else:
+            advice = ("stale samples: hold KL under 0.02 with fewer actors or a shorter queue first; the KL cap drops "
+                      "what is still too far off" + ("; each update also moves the policy far, so a smaller step "
+                                                      "size helps too" if big_steps else ""))
         if r.get("actor.fixed_lag") is not None:
             advice = (f"this run fixes the lag (actor.fixed_lag={r.get('actor.fixed_lag')}): the staleness is the "
                       "experiment; in a production run, " + advice)
@@ -271,7 +294,12 @@ def rule_parameter_wait(r: Run) -> Finding:
 
 def rule_queue_age(r: Run) -> Finding:
     m = r.steady
-    age, upd = _col(m, "transport/age_s_mean"), _col(m, "learner/compute_s")
+    age = _col(m, "transport/age_s_mean")
+    # an update's time is the wall clock from one update to the next (what a queued fragment waits through: the
+    # update's compute and the wait for its batch), not its compute alone, which would read an idle learner's
+    # queue as many updates deep
+    wall = _col(m, "wall_time")
+    upd = wall.diff().iloc[1:] if wall is not None and len(wall) > 2 else _col(m, "learner/compute_s")
     if age is None or upd is None or r.get("runner.name") == "sync":
         return Finding("queue_age", "ok", "queue age vs update time", "no queue in this run")
     a, u = float(age.median()), float(upd.median())
@@ -279,7 +307,7 @@ def rule_queue_age(r: Run) -> Finding:
     sev = "act" if ratio > 5 else "watch" if ratio > 2 else "ok"
     depth = _col(m, "transport/queue_depth")
     ev = (f"fragments wait {a * 1e3:.1f} ms in the queue (median), {ratio:.1f} updates' time "
-          f"({u * 1e3:.1f} ms each)")
+          f"({u * 1e3:.1f} ms from one update to the next)")
     if depth is not None:
         ev += f"; queue depth median {depth.median():g} of {r.get('transport.capacity', '?')}"
     ov = []
@@ -430,7 +458,12 @@ def tuning_step(r: Run, findings: Dict[str, Finding]) -> Dict[str, object]:
         n = r.n_actors
         cores = int((r.summary.get("provenance") or {}).get("cpu_count") or 0)
         cpu_bound = r.get("env.id") != "laglab/Latency-v0"  # (latency-env actors sleep: they need no core)
-        if wait is not None and float(wait.median()) > 0.2 and r.get("runner.name") != "sync":
+        lost = [k for k in ("parameter_wait", "throughput") if findings[k].severity == "act"]
+        if lost:
+            step, why = 2, ("the actors lose throughput (" + " and ".join(findings[k].title for k in lost) +
+                            "): get it back with that finding's overrides before adding actors, or more actors "
+                            "would only lose more")
+        elif wait is not None and float(wait.median()) > 0.2 and r.get("runner.name") != "sync":
             if cores and cpu_bound and n + 1 >= cores:
                 step, why = 3, (f"the learner waits for data {float(wait.median()):.0%} of the time, but {n} actors "
                                 f"and the learner already fill this machine's {cores} cores: more actors would share "

@@ -32,7 +32,11 @@ PROVOKE = {
     "lagging_worker": ["env=latency", "env.latency_ms=[1,1,1,20]", "actors=4", "total_env_steps=16384"],
     "parameter_wait": ["policy.hidden_sizes=[512,512]", "actor.rollout_len=4", "actor.envs_per_actor=1",
                        "learner.batch_size=64", "learner.minibatches=1", "learner.epochs=1", "total_env_steps=3000"],
-    "queue_age": ["chaos.stall_every_updates=1", "chaos.stall_s=0.4", "total_env_steps=20000"],
+    # a slow learner (0.4 s stalls) and actors free to run ahead into a long queue: fragments wait ~16 updates
+    # (measured: 7.0 s against 0.44 s from one update to the next, version lag 17); with the default lead limit
+    # they waited 2 updates (lag 1), which is no queue-age problem
+    "queue_age": ["chaos.stall_every_updates=1", "chaos.stall_s=0.4", "actor.max_lead_steps=1000000",
+                  "transport.capacity=512", "total_env_steps=30000"],
     "throughput": ["actors=1", "chaos.hang_every_steps=25000", "runner.heartbeat_timeout_s=3",
                    "total_env_steps=60000"],
     "failed": ["runner=thread", "actors=1", "chaos.kill_every_steps=300", "runner.actors_max_restarts=0"],
@@ -287,3 +291,71 @@ def test_a_suggestion_laglab_would_refuse_is_left_out_and_a_clash_is_said():
 def test_a_critic_with_no_value_loss_weight_is_told_to_get_one(runs):
     f = next(f for f in diagnose(runs / "value_instability")["findings"] if f["rule"] == "value_instability")
     assert f["severity"] != "ok" and f["overrides"] == ["algo.loss.vf_coef=0.5"] and "trains no critic" in f["advice"]
+
+
+def _with_metrics(run, n=40, **cols):
+    import numpy as np
+    import pandas as pd
+
+    run.metrics = pd.DataFrame({"update": np.arange(1, n + 1), **{k.replace("__", "/"): v for k, v in cols.items()}})
+    return run
+
+
+def test_the_kl_rule_tells_a_step_size_kl_from_a_staleness_kl():
+    import numpy as np
+
+    from analysis.doctor import rule_kl
+
+    # data one version old after updates that each move the policy by 0.05: fewer actors cannot help, a smaller
+    # step size does
+    r = _with_metrics(_composed_run(["actors=4", "learner.lr=0.004"]), lag__kl_behavior=np.full(40, 0.05),
+                      lag__mean=np.full(40, 1.0), losses__approx_kl=np.full(40, 0.05))
+    f = rule_kl(r)
+    assert f.severity == "act" and f.overrides == ["learner.lr=0.002"] and "step size" in f.advice
+    # data six versions old after small updates: the staleness is the lever
+    r = _with_metrics(_composed_run(["actors=4", "learner.lr=0.004"]), lag__kl_behavior=np.full(40, 0.04),
+                      lag__mean=np.full(40, 6.0), losses__approx_kl=np.full(40, 0.005))
+    f = rule_kl(r)
+    assert f.severity == "act" and "actors=2" in f.overrides and "learner.max_kl_behavior=0.02" in f.overrides
+    assert not any(o.startswith("learner.lr") for o in f.overrides) and "stale samples" in f.advice
+    # a fine median with spikes in one update of five is watched, not passed
+    kl = np.where(np.arange(40) % 5 == 0, 0.06, 0.004)
+    r = _with_metrics(_composed_run(["actors=4"]), lag__kl_behavior=kl, lag__mean=np.full(40, 3.0),
+                      losses__approx_kl=np.full(40, 0.004))
+    assert rule_kl(r).severity == "watch"
+
+
+def test_queue_age_is_counted_in_updates_of_wall_clock_not_of_compute():
+    import numpy as np
+
+    from analysis.doctor import rule_queue_age
+
+    # an update every 0.44 s of which 0.03 s is compute (the learner waits for its batch the rest): data 0.87 s
+    # in the queue has waited 2 updates, not 29
+    n = 40
+    r = _with_metrics(_composed_run(["actors=4", "runner=process"]), n, wall_time=np.arange(n) * 0.44,
+                      learner__compute_s=np.full(n, 0.03), transport__age_s_mean=np.full(n, 0.87),
+                      transport__queue_depth=np.full(n, 32.0))
+    f = rule_queue_age(r)
+    assert f.severity == "watch" or f.severity == "ok"
+    assert "2.0 updates' time" in f.evidence and f.overrides == []
+    r.metrics["transport/age_s_mean"] = 7.0  # 16 updates
+    assert rule_queue_age(r).severity == "act"
+
+
+def test_lost_throughput_comes_before_more_actors_in_the_tuning_order():
+    import numpy as np
+
+    from analysis.doctor import Finding, RULES, tuning_step
+
+    n = 40
+    r = _with_metrics(_composed_run(["actors=2", "runner=process"]), n, lag__kl_behavior=np.full(n, 0.001),
+                      learner__wait_frac=np.full(n, 0.6))
+    r.summary["provenance"] = {"cpu_count": 8}
+    ok = {rule.__name__[5:]: Finding(rule.__name__[5:], "ok", "t", "e") for rule in RULES}
+    ok["kl_behavior"], ok["loss_explosion"], ok["value_instability"] = (
+        ok.pop("kl"), ok.pop("loss"), ok.pop("value"))
+    assert tuning_step(r, ok)["why"].endswith("more actors would pay (try actors=4)")
+    ok["parameter_wait"] = Finding("parameter_wait", "act", "time waiting for parameters", "e")
+    t = tuning_step(r, ok)
+    assert t["step"] == 2 and "time waiting for parameters" in t["why"] and "before adding actors" in t["why"]

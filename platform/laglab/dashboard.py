@@ -8,7 +8,7 @@ need, built with ``wandb-workspaces`` (pip install -e ".[dashboard]").
 
 Sections: return (against env steps and wall clock), lag (version-lag histogram, min/mean/max, KL(behavior ||
 current), kept fraction, importance-sampling ESS), transport (queue depth and bytes, data-age histogram, admitted /
-dropped / rejected, in flight, unaccounted), learner (waiting vs computing, per-fragment time, updates/s), losses,
+dropped / rejected and each by reason: lag, kl, refresh, shutdown, non_finite, ..., in flight, unaccounted), learner (waiting vs computing, per-fragment time, updates/s), losses,
 and per-actor panels (one line per actor). ``--group`` shows one sweep (train.py -m logs a sweep as one W&B group),
 grouped by the swept keys (``--by``, or read from ``--runs``: the keys whose values differ between its runs).
 ``--report`` builds a W&B report from the same panels and a report's summary table (``--summary``).
@@ -48,6 +48,8 @@ SECTIONS: Dict[str, List[Panel]] = {
                   Panel("data age mean / max (s)", ("transport/age_s_mean", "transport/age_s_max")),
                   Panel("admitted / dropped / rejected (transitions)",
                         ("transport/admitted", "transport/dropped", "transport/rejected")),
+                  Panel("dropped, by reason (transitions)", regex=r"transport/dropped/.*"),
+                  Panel("rejected, by reason (transitions)", regex=r"transport/rejected/.*"),
                   Panel("in flight and its parts", regex=r"transport/in_flight.*"),
                   Panel("unaccounted (must stay 0)", ("transport/unaccounted",))],
     "Learner": [Panel("waiting for data vs computing (s per update)", ("learner/wait_s", "learner/compute_s")),
