@@ -38,11 +38,13 @@ def varying_keys(runs: pd.DataFrame) -> List[str]:
     determine (algo=vtrace always comes with estimator=vtrace) is left out."""
     cols = [c for c in runs.columns if c.startswith("cfg.") and c not in IGNORED and not c.startswith(IGNORED_PREFIX)]
     out: List[str] = []
-    as_str = runs[cols].astype(str)
+    # (a missing value is a value: ppo with learner.max_kl_behavior=null is not ppo with 0.02; pandas 3's
+    # astype(str) keeps NaN missing, and nunique would not count it)
+    as_str = runs[cols].astype(object).where(runs[cols].notna(), "null").astype(str)
     for c in cols:
         if as_str[c].nunique(dropna=False) <= 1:
             continue
-        if out and as_str.groupby(out)[c].nunique().max() == 1:
+        if out and as_str.groupby(out)[c].nunique(dropna=False).max() == 1:
             continue  # a function of the keys already kept
         out.append(c)
     return out

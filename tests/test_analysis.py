@@ -585,3 +585,17 @@ def test_a_run_killed_before_its_summary_is_listed_not_silently_skipped(tmp_path
     md = (tmp_path / "r" / "report.md").read_text()
     assert "2 runs left out of the statistics (status: no summary (killed, or still running) 2)" in md
     assert pd.read_csv(tmp_path / "r" / "summary.csv")["auc_iqm"].tolist() == [100.0]
+
+
+def test_a_key_set_on_some_runs_and_null_on_others_is_a_treatment(tmp_path):
+    # ppo with learner.max_kl_behavior=null and with 0.02, at the same lag and step size: two groups (pandas 3
+    # keeps NaN missing through astype(str), and a count of values that skips it merged them into one)
+    # (with the lag a grouping key before it: within lag 8 the cap's values are {null, 0.02})
+    for s in range(5):
+        make_run(tmp_path / "runs", f"zero{s}", lag=0, seed=s, auc_value=-300, extra_cfg={"learner.max_kl_behavior": None})
+        make_run(tmp_path / "runs", f"plain{s}", lag=8, seed=s, auc_value=-500, extra_cfg={"learner.max_kl_behavior": None})
+        make_run(tmp_path / "runs", f"cap{s}", lag=8, seed=s, auc_value=-330, extra_cfg={"learner.max_kl_behavior": 0.02})
+    p = _report(tmp_path / "runs", "--out", tmp_path / "r", "--baseline", "cfg.actor.fixed_lag=0")
+    assert p.returncode == 0, p.stderr
+    s = pd.read_csv(tmp_path / "r" / "summary.csv")
+    assert "cfg.learner.max_kl_behavior" in s and len(s) == 3 and sorted(s["auc_iqm"]) == [-500.0, -330.0, -300.0]

@@ -89,3 +89,15 @@ def test_auc_at_the_edges_of_its_span():
     assert auc(np.array([1, 2]), np.array([0.0, 10.0]), 2) == pytest.approx(2.5)
     assert auc(np.array([0.25]), np.array([4.0]), 0.5) == pytest.approx(4.0)  # a budget below one step is a span
     assert math.isnan(auc(np.array([1.0]), np.array([4.0]), -0.5))  # a negative budget is none
+
+
+def test_auc_at_the_edges_of_its_span():
+    from analysis.measures import auc
+
+    # a point at step 0 and one at step 1 (the first updates of a tiny run): the curve starts from the value at 0
+    # and each point counts once: (0 + 0) / 2 * 1 + (0 + 10) / 2 * 1 + 10 * 2 over a budget of 4 = 25 / 4
+    assert auc(np.array([0.0, 1.0, 2.0, 3.0]), np.array([0.0, 0.0, 10.0, 10.0]), 4.0) == pytest.approx(6.25)
+    # a budget below one step still has a span; a budget of 0 or below has none
+    assert auc(np.array([0.1, 0.2]), np.array([1.0, 1.0]), 0.5) == pytest.approx(1.0)
+    assert np.isnan(auc(np.array([0.1, 0.2]), np.array([1.0, 1.0]), 0.0))
+    assert np.isnan(auc(np.array([0.1, 0.2]), np.array([1.0, 1.0]), -0.5))

@@ -171,3 +171,59 @@ def test_waits_end_at_their_timeout_or_when_stop_says_so():
     q.get(0)
     q.put(frag(2))  # put's fragments are first copies unless told otherwise
     assert q.first_steps() == 4
+
+
+class _Waits:
+    """Stands in for a Condition's wait_for: records each predicate, runs ``during`` (what another thread would
+    do while the caller waits) and returns the predicate's value, without waiting."""
+
+    def __init__(self, cv, during=lambda: None):
+        self.cv, self.during, self.predicates = cv, during, []
+
+    def __call__(self, predicate, timeout=None):
+        self.predicates.append(predicate)
+        self.during()
+        return predicate()
+
+
+def test_the_wait_predicates_say_exactly_when_a_waiter_may_go():
+    # each wait's condition, read in the states around it: a getter may go once an item is there (or the queue
+    # closed), a blocked producer once its fragment fits, a store waiter once something newer was published
+    q = FragmentQueue(capacity=2, max_bytes=1 << 20)
+    seen = []
+
+    def put_meanwhile():
+        seen.append(bool(waits.predicates[-1]()))  # nothing there yet: wait on
+        q._items.append((frag(5), True, frag(5).nbytes, q.clock()))
+        seen.append(bool(waits.predicates[-1]()))  # an item: go
+
+    waits = _Waits(q._cv, during=put_meanwhile)
+    q._cv.wait_for = waits
+    got = q.get(timeout=60.0)  # empty: it waits, and another thread's put arrives meanwhile
+    assert got is not None and got[0].id.t_start == 20 and len(waits.predicates) == 1 and seen == [False, True]
+    waits.during = lambda: None
+    q.try_put(frag(0))
+    assert q.get(timeout=60.0)[0].id.t_start == 0 and len(waits.predicates) == 1  # an item there: no wait
+    q.wait_room(frag(0).nbytes, timeout=60.0)  # room for it: the predicate holds
+    assert waits.predicates[-1]() is True
+    q.try_put(frag(1))
+    q.try_put(frag(2))
+    assert waits.predicates[-1]() is False  # full now: a producer must wait ...
+    q.close()
+    assert waits.predicates[-1]() is True  # ... until the queue closes
+
+    spec = EnvSpec((3,), True, 2)
+    model = ActorCritic(spec, (4,))
+    store = PolicyStore(Snapshot.make(3, model, np.zeros(3), np.ones(3)))
+    sw = _Waits(store._cv)
+    store._cv.wait_for = sw
+    store.wait_change(store.generation, timeout=60.0)
+    assert sw.predicates[-1]() is False  # nothing changed yet
+    store.grant({0: 1})
+    assert sw.predicates[-1]() is True
+    store.wait_newer(2, timeout=60.0)
+    assert sw.predicates[-1]() is True  # version 3 is newer than 2: no wait
+    store.wait_newer(3, timeout=60.0)
+    assert sw.predicates[-1]() is False
+    store.publish(Snapshot.make(4, model, np.zeros(3), np.ones(3)))
+    assert sw.predicates[-1]() is True
