@@ -91,7 +91,8 @@ def label(by: Sequence[str], key: tuple, short: bool = True) -> str:
     if not by:
         return "all"
     name = (lambda b: b[4:] if b.startswith("cfg.") else b) if short else (lambda b: b)
-    return ", ".join(f"{name(b)}={v}" for b, v in zip(by, key))
+    value = lambda v: "null" if str(v) in ("nan", "None", "<NA>") else v  # noqa: E731  (as a config spells it)
+    return ", ".join(f"{name(b)}={value(v)}" for b, v in zip(by, key))
 
 
 def matched_baselines(keys: Sequence[tuple], by: Sequence[str], baseline: Dict[str, str]) -> Dict[tuple, Optional[tuple]]:
