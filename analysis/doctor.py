@@ -2,13 +2,14 @@
 
     python -m analysis.doctor <run dir or sweep dir> [--json] [--md report.md]
 
-Reads a run's metrics.parquet, actors.parquet and summary.json and reports, rule by rule, what it found (the
+Reads a run's metrics.parquet, actors.parquet, histograms.parquet (the version lags) and summary.json and reports, rule by rule, what it found (the
 evidence: update range and numbers), how serious it is (``ok``, ``watch``, ``act``) and what to change, as config
 overrides to paste after ``python train.py`` (each checked against laglab's config validation on the run's own
 config: one it would refuse is left out, and the advice says why). The rules are the guide's; of the thresholds,
 the KL bands (0.01 / 0.03, tune to 0.02) are the guide's, the others are laglab's own reading of its words (data
 older than 2 / 5 updates' wall time, snapshot fetching above 10% / 25% of an actor's time, explained variance below
-0.2 / -0.2, SPS windows below half the level before them, a worker 2x / 4x the typical lag behind):
+0.2 / -0.2 with a value loss varying by more than 0.5 of its mean, SPS windows below half the level before them,
+a worker 2x / 4x the other actors' lag behind):
 
 * ``kl_behavior``: KL(behavior || current) below 0.01 is fine, 0.01-0.03 needs watching, above 0.03 the stale samples
   hurt convergence: fewer actors, a shorter queue (its 4.2 and 4.3). Watched too when one update in ten is above
@@ -48,6 +49,8 @@ import yaml
 from .load import is_run_dir as _has_run_files, run_config
 
 SEVERITY = ("ok", "watch", "act")
+CONFIG_GROUPS = ("algo", "env", "runner", "chaos", "transport", "tracking", "actor", "learner")  # conf/<group>/
+CV_UNSTABLE = 0.5  # a value loss whose coefficient of variation over the second half exceeds this is unstable
 KL_FINE, KL_HARM, KL_TUNE = 0.01, 0.03, 0.02  # seed 004: < 0.01 fine, 0.01-0.03 watch, > 0.03 harmful; tune to < 0.02
 
 
@@ -130,21 +133,51 @@ def _col(m: pd.DataFrame, name: str) -> Optional[pd.Series]:
 
 
 # ---- the rules ---------------------------------------------------------------------------------------------
+def lag_p95(r: Run) -> Optional[float]:
+    """The 95th percentile of the trained transitions' version lag over the second half of the run, from the
+    per-transition samples in histograms.parquet (None when the run wrote none)."""
+    p = Path(r.path) / "histograms.parquet"
+    if not p.is_file():
+        return None
+    h = pd.read_parquet(p)
+    h = h[h["metric"] == "lag/version_lag"] if "metric" in h else h.iloc[0:0]
+    if h.empty:
+        return None
+    h = h[h["update"] >= h["update"].max() / 2]
+    vals = np.concatenate([np.asarray(v, float) for v in h["values"]]) if len(h) else np.array([])
+    return float(np.percentile(vals, 95)) if len(vals) else None
+
+
 def rule_kl(r: Run) -> Finding:
     kl = _col(r.steady, "lag/kl_behavior")
     if kl is None or kl.isna().all():
         return Finding("kl_behavior", "ok", "KL(behavior || current)", "not measured in this run")
-    med, p90, hi = float(kl.median()), float(kl.quantile(0.9)), float(kl.max())
-    over = r.steady["lag/kl_behavior"] > KL_HARM
+    # with learner.max_kl_behavior the trained data's KL is held under the cap by dropping the rest: judge the
+    # data the actors offered (its KL before the cap), and say what the cap threw away
+    offered = _col(r.steady, "lag/kl_offered_mean")
+    capped = r.get("learner.max_kl_behavior") is not None and offered is not None and offered.notna().any()
+    judged = offered if capped else kl
+    col = "lag/kl_offered_mean" if capped else "lag/kl_behavior"
+    med, p90, hi = float(judged.median()), float(judged.quantile(0.9)), float(judged.max())
+    over = r.steady[col] > KL_HARM
     sev = "act" if med > KL_HARM else "watch" if med > KL_FINE or p90 > KL_HARM else "ok"
-    ev = f"median {med:.4f}, 90th percentile {p90:.4f}, max {hi:.4f} over the second half of the updates"
+    ev = (f"{'offered (before the KL cap): ' if capped else ''}median {med:.4f}, 90th percentile {p90:.4f}, "
+          f"max {hi:.4f} over the second half of the updates")
     if over.any():
         ev += f"; above {KL_HARM} at {_upd(r.steady, over)}"
+    kept = _col(r.steady, "lag/kept_frac")
+    if capped:
+        ev += f"; trained (after the cap): median {float(kl.median()):.4f}"
+    if kept is not None and kept.notna().any() and float(kept.mean()) < 0.99:
+        ev += f"; {1 - float(kept.mean()):.1%} of the data dropped before the updates (lag or KL limits)"
     lag, step = _col(r.steady, "lag/mean"), _col(r.steady, "losses/approx_kl")
     lag_m = float(lag.mean()) if lag is not None else float("nan")
     step_m = float(step.median()) if step is not None else float("nan")
     if np.isfinite(lag_m):
         ev += f"; mean version lag {lag_m:.2f}"
+        p95 = lag_p95(r)
+        if p95 is not None:
+            ev += f", 95th percentile {p95:g} (histograms.parquet)"
     if np.isfinite(step_m):
         ev += f"; each update moves the policy by KL {step_m:.4f} (median)"
     ov, advice = [], "fine (seed 004: below 0.01)"
@@ -167,6 +200,8 @@ def rule_kl(r: Run) -> Finding:
             advice = ("stale samples: hold KL under 0.02 with fewer actors or a shorter queue first; the KL cap drops "
                       "what is still too far off" + ("; each update also moves the policy far, so a smaller step "
                                                       "size helps too" if big_steps else ""))
+        if capped:
+            advice += "; the cap holds the trained KL down only by throwing data away"
         if r.get("actor.fixed_lag") is not None:
             advice = (f"this run fixes the lag (actor.fixed_lag={r.get('actor.fixed_lag')}): the staleness is the "
                       "experiment; in a production run, " + advice)
@@ -181,13 +216,14 @@ def rule_loss(r: Run) -> Finding:
     else:
         kl = _col(m, "losses/approx_kl")
         vl = _col(m, "losses/value_loss")
-        if kl is None or len(m) < 8:
+        if kl is None or kl.isna().all() or len(m) < 8:
             return Finding("loss_explosion", "ok", "loss explosion", "too few updates to judge" if len(m) else
                            "no updates")
         # a jump against the trailing median of the 10 updates before (losses shrink as a run converges and
         # its step size anneals: a whole-run median would call a healthy start an explosion)
         prev_kl = kl.rolling(10, min_periods=3).median().shift(1).fillna(0.0)  # (the first: against 0.2 alone)
-        kl_jump = (kl > np.maximum(20 * prev_kl, 0.2)) | ~np.isfinite(kl)  # (healthy PPO: approx KL 0.02-0.05)
+        # (healthy PPO: approx KL 0.02-0.05; a NaN is a value not measured — a non-finite loss is diverged_at_update)
+        kl_jump = (kl > np.maximum(20 * prev_kl, 0.2)) | np.isinf(kl)
         v_jump = pd.Series(False, index=kl.index)
         if vl is not None:
             # a critic that has fit a solved task's returns has a tiny loss, and the next failed episode multiplies it
@@ -195,7 +231,7 @@ def rule_loss(r: Run) -> Finding:
             # also an order of magnitude beyond every value loss the run had before
             prev_v = vl.rolling(10, min_periods=3).median().shift(1).fillna(np.inf)
             prior_max = vl.cummax().shift(1).fillna(np.inf)
-            v_jump = ((vl > 100 * np.maximum(prev_v, 1e-8)) & (vl > 10 * prior_max)) | ~np.isfinite(vl)
+            v_jump = ((vl > 100 * np.maximum(prev_v, 1e-8)) & (vl > 10 * prior_max)) | np.isinf(vl)
         jump = kl_jump | v_jump
         if not jump.any():
             return Finding("loss_explosion", "ok", "loss explosion",
@@ -223,7 +259,7 @@ def rule_loss(r: Run) -> Finding:
         ov.append("algo=vtrace_dual_clip" if r.get("algo.advantage.estimator") == "vtrace" else "algo=dual_clip")
     elif kind == "decoupled":
         ov.append("algo.loss.kind=decoupled_dual_clip")
-    if stale:
+    if stale and refresh_acts(r):
         ov.append(f"actor.refresh_lag={refresh_lag_for(r, float(lag.max()) / 3)}")
     sev = "act"
     ret = _col(r.metrics, "episodic_return_mean")
@@ -238,7 +274,14 @@ def rule_loss(r: Run) -> Finding:
             ev += f"; the return recovered: it ended at {end:.1f}, its best {float(ret.max()):.1f}"
     return Finding("loss_explosion", sev, "loss explosion", ev, ov,
                    "the guide's first check is KL and version lag; then a smaller clip (or dual-clip) bounds what "
-                   "one stale sample can do, and a forced refresh stops actors acting with very old versions")
+                   "one stale sample can do" + (", and a forced refresh stops actors acting with very old versions"
+                                                if any(o.startswith("actor.refresh_lag") for o in ov) else ""))
+
+
+def refresh_acts(r: Run) -> bool:
+    """Whether actor.refresh_lag can do anything in this run: not on the sync runner (it never publishes while
+    collecting) and not under actor.fixed_lag (the actors are handed the version they act with)."""
+    return r.get("runner.name") != "sync" and r.get("actor.fixed_lag") is None
 
 
 def rule_lagging_worker(r: Run) -> Finding:
@@ -249,15 +292,17 @@ def rule_lagging_worker(r: Run) -> Finding:
     per = half.groupby("actor")["lag"].median().dropna()
     if per.empty:
         return Finding("lagging_worker", "ok", "a worker far behind", "no actor versions recorded")
-    typical, worst, who = float(per.median()), float(per.max()), int(per.idxmax())
+    # the worst against the others (with two actors a median over all would be their mean, never half the worst)
+    who = int(per.idxmax())
+    worst, typical = float(per.max()), float(per.drop(who).median())
     sev = "ok"
     if worst > max(4.0, 4 * typical):
         sev = "act"
     elif worst > max(2.0, 2 * typical):
         sev = "watch"
-    ev = (f"actor {who}: median {worst:g} versions behind the learner over the second half; the actors' median "
-          f"{typical:g}")
-    ov = [f"actor.refresh_lag={refresh_lag_for(r, 2 * max(typical, 1))}"] if sev != "ok" else []
+    ev = (f"actor {who}: median {worst:g} versions behind the learner over the second half; the other actors' "
+          f"median {typical:g}")
+    ov = [f"actor.refresh_lag={refresh_lag_for(r, 2 * max(typical, 1))}"] if sev != "ok" and refresh_acts(r) else []
     return Finding("lagging_worker", sev, "a worker far behind", ev, ov,
                    "a forced refresh makes a far-behind actor drop its rollout and load the newest version" if ov
                    else "")
@@ -344,7 +389,8 @@ def rule_late_jitter(r: Run) -> Finding:
           f"{after.min():.1f} ({drop:.0%} of the curve's range) and ended at {ret.iloc[-1]:.1f}")
     lam = float(r.get("algo.advantage.lam", 0.95) or 0.95)
     epochs = int(r.get("learner.epochs", 4) or 4)
-    ov = [f"algo.advantage.lam={min(0.99, round(lam + 0.03, 2))}", f"learner.epochs={max(1, epochs // 2)}"] \
+    ov = ([f"algo.advantage.lam={min(0.99, round(lam + 0.03, 2))}"] if lam < 0.99 else []) + \
+        [f"learner.epochs={max(1, epochs // 2)}"] \
         if sev != "ok" else []
     return Finding("late_jitter", sev, "the return after it peaked", ev, ov,
                    "check the run over several seeds (python train.py -m seed=0,1,2,3,4) before changing anything; "
@@ -381,6 +427,13 @@ def rule_value(r: Run) -> Finding:
         return Finding("value_instability", sev, "value estimates", ev + "; the value loss weight is 0",
                        ["algo.loss.vf_coef=0.5"], "algo.loss.vf_coef=0 trains no critic, so its estimates (and "
                        "the advantages built on them) stay where they started: give the value loss a weight")
+    if sev != "ok" and not cv > CV_UNSTABLE:
+        # a critic that explains little while its loss stays steady is under-fitted (early in a run, or too
+        # small a weight), not unstable: training it less would be the wrong way
+        return Finding("value_instability", sev, "value estimates", ev, [],
+                       f"the critic explains little, but its loss is steady (variation {cv:.2f} <= {CV_UNSTABLE}): "
+                       "it is still fitting, not unstable; look again later in the run, or give it more weight "
+                       f"(algo.loss.vf_coef above {vf:g}) if it stays there")
     ov = [f"algo.loss.vf_coef={vf / 2:g}", f"learner.epochs={max(1, int(r.get('learner.epochs', 4) or 4) // 2)}"] \
         if sev != "ok" else []
     return Finding("value_instability", sev, "value estimates", ev, ov,
@@ -390,6 +443,11 @@ def rule_value(r: Run) -> Finding:
 
 def rule_throughput(r: Run) -> Finding:
     m = r.metrics
+    if "env_steps" in m and len(m):
+        # env_steps counts the steps produced: once the budget is out the learner drains the queue and the rate
+        # reads 0, which is the end of the run, not a drop
+        m = m[m["env_steps"] < m["env_steps"].max()] if m["env_steps"].iloc[-1] == m["env_steps"].max() and \
+            (m["env_steps"] == m["env_steps"].max()).sum() > 1 else m
     if len(m) < 12 or "wall_time" not in m:
         return Finding("throughput", "ok", "throughput drops", "too few updates to judge")
     # SPS over windows of k updates (one update's window is noise in an asynchronous run: batches arrive in
@@ -411,11 +469,22 @@ def rule_throughput(r: Run) -> Finding:
     sh = _shares(r)
     if sh is not None:
         ev += "; actors' time: " + ", ".join(f"{k_[:-2]} {v:.0%}" for k_, v in sh.mean().items())
-    ov = ["actor.sync_min_lag=2"] if sev != "ok" else []
-    return Finding("throughput", sev, "throughput drops", ev, ov,
-                   "look at where the actors' time went: waiting for parameters (sync less often), throttled or "
-                   "blocked (the learner is the bottleneck), or an actor that stopped (restarts in summary.json)"
-                   if ov else "")
+    # the override follows where the actors' time went: only snapshot loading is cured by syncing less often
+    snap = float(sh["snapshot_s"].mean()) if sh is not None and "snapshot_s" in sh else float("nan")
+    waiting = float((sh[[k for k in ("throttle_s", "blocked_s") if k in sh]].sum(axis=1)).mean()) \
+        if sh is not None else float("nan")
+    n = r.n_actors
+    ov = ["actor.sync_min_lag=2"] if sev != "ok" and snap > 0.10 else \
+        [f"actors={max(1, n // 2)}"] if sev != "ok" and waiting > 0.5 and n > 1 else []
+    advice = ""
+    if sev != "ok":
+        advice = ("the actors spend their time loading snapshots: sync less often" if snap > 0.10 else
+                  f"the actors spend {waiting:.0%} of their time throttled or blocked: the learner is the "
+                  "bottleneck, so fewer actors lose no throughput and make the data fresher" if ov else
+                  "look at where the actors' time went (above): throttled or blocked means the learner is the "
+                  "bottleneck (fewer actors or a larger batch), an actor that stopped shows in summary.json's "
+                  "restarts; waiting for parameters is not the cause here, so no minimum sync interval")
+    return Finding("throughput", sev, "throughput drops", ev, ov, advice)
 
 
 def rule_books(r: Run) -> Finding:
@@ -450,9 +519,14 @@ TUNING = {1: "hold KL under 0.02 with the actor count and the queue length",
 
 def tuning_step(r: Run, findings: Dict[str, Finding]) -> Dict[str, object]:
     """Where the run is in the guide's order (4.3): the first step whose condition is not met yet."""
-    kl = _col(r.steady, "lag/kl_behavior")
-    if (kl is not None and float(kl.median()) > KL_TUNE) or findings["queue_age"].severity == "act":
-        step, why = 1, "KL is above 0.02 or data waits in the queue: fix staleness before anything else"
+    offered = _col(r.steady, "lag/kl_offered_mean")
+    kl = offered if r.get("learner.max_kl_behavior") is not None and offered is not None and offered.notna().any() \
+        else _col(r.steady, "lag/kl_behavior")
+    kept = _col(r.steady, "lag/kept_frac")
+    dropped = 1 - float(kept.mean()) if kept is not None and kept.notna().any() else 0.0
+    if (kl is not None and float(kl.median()) > KL_TUNE) or findings["queue_age"].severity == "act" or dropped > 0.1:
+        step, why = 1, ("KL is above 0.02, data waits in the queue, or the lag / KL limits drop more than 10% of the "
+                        "data: fix staleness before anything else")
     else:
         wait = _col(r.steady, "learner/wait_frac")
         n = r.n_actors
@@ -487,9 +561,22 @@ def refused(r: Run, overrides: List[str]) -> Optional[str]:
     from omegaconf.errors import OmegaConfBaseException
     from laglab.config import ConfigError, register_configs, validate
 
+    own_file = Path(r.path) / ".hydra" / "overrides.yaml"
+    if any(o.split("=", 1)[0] in CONFIG_GROUPS for o in overrides) and own_file.is_file():
+        # a config group (algo=dual_clip) is a whole file Hydra composes in: compose the run's own command line
+        # with the suggestions, as train.py would
+        from laglab.sim import SimError, compose
+
+        own = [o for o in (yaml.safe_load(own_file.read_text()) or []) if not str(o).startswith("hydra.")]
+        try:
+            compose(list(own) + list(overrides))
+        except (SimError, ConfigError, ValueError) as e:
+            return str(e).removeprefix("invalid config: ")
+        return None
     register_configs()  # (the resolvers a run's composed config uses)
     try:
-        validate(OmegaConf.merge(OmegaConf.create(r.cfg), OmegaConf.from_dotlist(list(overrides))))
+        validate(OmegaConf.merge(OmegaConf.create(r.cfg), OmegaConf.from_dotlist(
+            [o for o in overrides if o.split("=", 1)[0] not in CONFIG_GROUPS])))
     except (ConfigError, OmegaConfBaseException, ValueError) as e:
         return str(e).removeprefix("invalid config: ")
     return None
@@ -502,7 +589,10 @@ def check_overrides(r: Run, findings: Dict[str, Finding]) -> List[str]:
     for f in findings.values():
         why = refused(r, f.overrides)
         while why is not None and f.overrides:
-            bad = next((o for o in f.overrides if o.split("=", 1)[0] in why), f.overrides[-1])
+            bad = next((o for o in f.overrides if o.split("=", 1)[0] in why), None)
+            if bad is None:  # a refusal that names none of them: say so rather than guess which to drop
+                f.advice += f" (these overrides could not be checked against this run's config: {why})"
+                break
             f.overrides = [o for o in f.overrides if o != bad]
             f.advice += f" ({bad} left out: with this run's config laglab refuses it: {why})"
             why = refused(r, f.overrides)
@@ -530,9 +620,13 @@ def diagnose(path: str | Path) -> Dict[str, object]:
     if status != "completed":
         err = (r.summary.get("error") or "").strip().splitlines()
         why = f": {err[0][:300]}" if err else ""
-        notes.append(f"the run is {status}{why}; what it recorded is below (summary.json has the whole error)")
+        notes.append(f"the run is {status}{why}; what it recorded is below" +
+                     (" (summary.json has the whole error)" if r.summary.get("error") else ""))
     if not len(r.metrics):
-        notes.append("no updates: the run stopped before its first learner update (only the books can be read)")
+        books = bool(r.summary.get("transport"))
+        notes.append("no updates: the run stopped before its first learner update, or has not made one yet" +
+                     (" (only the books can be read)" if books else "; nothing it measured can be read yet, so "
+                      "every rule below says 'ok' for want of data, not for health"))
     findings = {f.rule: f for f in (rule(r) for rule in RULES)}
     notes += check_overrides(r, findings)
     out = {"run": str(r.path), "status": status, "notes": notes,

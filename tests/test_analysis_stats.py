@@ -219,3 +219,57 @@ def test_interval_k_paired_shares_one_index_across_the_groups():
     assert p == pytest.approx(0.5) and lo < 0 and hi > 1  # independently resampled, the seed spread swamps it
     with pytest.raises(ValueError, match="paired resampling"):
         stats.interval_k(f, [[m], [r[:4]], [r0]], paired=True)
+
+
+# ---- the edges: no runs, one task empty, tasks given by name ----------------------------------------------------
+def _nan(v):
+    return v is not None and np.all(np.isnan(np.asarray(v, float)))
+
+
+def test_every_statistic_of_no_runs_is_nan_not_an_error_or_none():
+    empty, half = [np.array([])], [np.array([1.0, 2.0]), np.array([])]  # no runs; a task with none
+    for f in (stats.iqm, stats.mean, stats.median, stats.optimality_gap):
+        assert _nan(f(empty)) and _nan(f(half)), f
+    assert stats.iqm([np.array([3.0])]) == 3.0  # one run is a sample
+    p = stats.profile(empty, [0.0, 1.0])
+    assert p.shape == (2,) and _nan(p)
+    assert stats.seed_range([]) == pytest.approx((np.nan, np.nan), nan_ok=True)
+    assert stats.seed_range([np.nan, 2.0, 5.0]) == (2.0, 5.0)
+    assert _nan(stats.probability_of_improvement(empty, [np.array([1.0])]))
+    assert _nan(stats.probability_of_improvement([np.array([1.0])], empty))
+    for out in (stats.interval(stats.mean, empty), stats.interval2(stats.difference(stats.mean), empty, [[1.0]]),
+                stats.interval2(stats.difference(stats.mean), [[1.0]], empty),
+                stats.interval_k(stats.recovered(stats.mean), [[[1.0]], empty, [[2.0]]]),
+                stats.difference_of_differences(stats.mean, empty, [np.array([1.0])], [np.array([1.0])],
+                                                [np.array([1.0])], False, False)):
+        assert isinstance(out, tuple) and len(out) == 3 and _nan(out), out
+    band = stats.profile_band(empty, [0.0, 1.0])
+    assert set(band) == {"tau", "profile", "low", "high"} and _nan(band["profile"]) and _nan(band["low"])
+
+
+def test_ratio_and_recovered_return_their_values():
+    r = stats.ratio(stats.mean)([np.array([6.0])], [np.array([3.0])])
+    assert r == 2.0
+    assert stats.recovered(stats.mean)([np.array([4.0])], [np.array([2.0])], [np.array([6.0])]) == 0.5
+    assert stats.interval2(stats.ratio(stats.mean), [[6.0, 6.0]], [[3.0, 3.0]]) == (2.0, 2.0, 2.0)
+
+
+def test_scores_split_by_task_name_and_the_default_is_unpaired():
+    t = stats.as_tasks([1.0, 2.0, 3.0, np.nan, 5.0], ["a", "b", "a", "b", "b"])
+    assert [list(a) for a in t] == [[1.0, 3.0], [2.0, 5.0]]  # in order of first appearance, NaN dropped
+    # unpaired by default: two samples whose seed-wise differences are constant still get an interval
+    x, y = [np.array([1.0, 5.0, 9.0])], [np.array([0.0, 4.0, 8.0])]
+    lo, hi = stats.interval2(stats.difference(stats.mean), x, y, reps=500)[1:]
+    assert lo < 1.0 < hi
+    assert stats.iqm([np.array([1.0, 2.0, 3.0, 4.0])]) == 2.5 and isinstance(stats.iqm([np.array([1.0])]), float)
+
+
+def test_the_profile_band_is_the_central_95_percent():
+    # one task of 40 runs: the bootstrap band at tau is the 2.5th-97.5th percentile of the resampled fraction,
+    # which for a fraction p = 0.5 of n = 40 is close to p +- 1.96 sqrt(p (1 - p) / n) = 0.5 +- 0.155
+    t = [np.r_[np.zeros(20), np.ones(20)]]
+    b = stats.profile_band(t, [0.5], reps=20000, seed=3)
+    assert b["profile"][0] == 0.5
+    assert b["low"][0] == pytest.approx(0.35, abs=0.03) and b["high"][0] == pytest.approx(0.65, abs=0.03)
+    b90 = stats.profile_band(t, [0.5], reps=20000, alpha=0.1, seed=3)
+    assert b["low"][0] < b90["low"][0] < 0.5 < b90["high"][0] < b["high"][0]

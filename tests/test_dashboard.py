@@ -97,3 +97,13 @@ def test_a_sweeps_swept_keys_group_it_but_not_the_seed(tmp_path):
     # with the resolved config next to the overrides, a config group is grouped by what names it
     (tmp_path / "0" / ".hydra" / "config.yaml").write_text("algo:\n  name: ppo\nenv:\n  id: CartPole-v1\n")
     assert dashboard.swept_keys(tmp_path) == ["algo.name"]
+
+
+def test_a_key_set_on_some_runs_only_is_swept(tmp_path):
+    # the KL cap on some runs of a study (the others run its default, null): without grouping by it, capped and
+    # uncapped PPO at the same lag and step size would be one line
+    for i, extra in enumerate(["- learner.max_kl_behavior=0.02\n", "", ""]):
+        d = tmp_path / str(i) / ".hydra"
+        d.mkdir(parents=True)
+        (d / "overrides.yaml").write_text(f"- seed={i}\n- actor.fixed_lag=8\n" + extra)
+    assert dashboard.swept_keys(tmp_path) == ["learner.max_kl_behavior"]

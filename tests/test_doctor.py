@@ -21,6 +21,10 @@ PROVOKE = {
     # the jitter the late_jitter rule watches)
     "healthy": ["runner=sync", "learner.lr=0.004"],
     "healthy_seed1": ["runner=sync", "learner.lr=0.004", "seed=1"],
+    # the default config as a user runs it (process runner, actors=auto): its trajectory follows the machine's
+    # timing, so it is held to no 'act' (the sync runs above to a clean bill); here: a queue, snapshot loads,
+    # actors' time shares for the rules the sync runner cannot show
+    "healthy_process": ["learner.lr=0.004", "actors=auto"],
     "kl_behavior": ["runner=sync", "actor.fixed_lag=8", "learner.lr=0.004", "total_env_steps=50000"],
     "loss_explosion": ["runner=sync", "learner.lr=0.5", "learner.lr_schedule=constant", "total_env_steps=20000"],
     # data 8 versions old at a step size 16x the default: the return reaches 340-500 and falls back on 5 of 6 seeds
@@ -41,7 +45,7 @@ PROVOKE = {
                    "total_env_steps=60000"],
     "failed": ["runner=thread", "actors=1", "chaos.kill_every_steps=300", "runner.actors_max_restarts=0"],
 }
-RULES = [k for k in PROVOKE if k not in ("healthy", "failed") and "_seed" not in k]
+RULES = [k for k in PROVOKE if not k.startswith(("healthy", "failed")) and "_seed" not in k]
 for _ovs in PROVOKE.values():  # each was measured with 4 actors (the default before actors=auto)
     if not any(o.startswith("actors=") for o in _ovs):
         _ovs.append("actors=4")
@@ -76,6 +80,12 @@ def test_a_healthy_run_gets_a_clean_bill(runs):
     # the curve's rule may watch a dip on one seed of a run whose trajectory this machine's floats decided
     assert clean >= 1, [f for n in ("healthy", "healthy_seed1") for f in diagnose(runs / n)["findings"]
                         if f["severity"] != "ok"]
+    res = diagnose(runs / "healthy_process")
+    sev = _sev(res)
+    assert res["status"] == "completed" and sev.pop("throughput") in ("ok", "watch")
+    assert "act" not in sev.values(), [f for f in res["findings"] if f["severity"] == "act"]
+    rules = {f["rule"]: f for f in res["findings"]}
+    assert "queue depth" in rules["queue_age"]["evidence"] and "of their time" in rules["parameter_wait"]["evidence"]
 
 
 @pytest.mark.parametrize("rule", RULES)
@@ -88,7 +98,8 @@ def test_each_rule_fires_on_the_run_that_provokes_it(runs, rule):
             fired.append(f)
     assert fired, rule
     for f in fired:
-        assert f["overrides"], f  # something to paste
+        # something to paste; throughput suggests only what its evidence supports (a hung actor has no config cure)
+        assert f["overrides"] or (rule == "throughput" and "no minimum sync interval" in f["advice"]), f
         for o in f["overrides"]:  # each override is a key=value train.py accepts
             assert "=" in o and " " not in o
         assert any(ch.isdigit() for ch in f["evidence"])  # the numbers behind it
@@ -359,3 +370,40 @@ def test_lost_throughput_comes_before_more_actors_in_the_tuning_order():
     ok["parameter_wait"] = Finding("parameter_wait", "act", "time waiting for parameters", "e")
     t = tuning_step(r, ok)
     assert t["step"] == 2 and "time waiting for parameters" in t["why"] and "before adding actors" in t["why"]
+
+
+def test_review_findings_on_edge_runs(tmp_path):
+    import numpy as np
+    import pandas as pd
+
+    from analysis.doctor import check_overrides, rule_lagging_worker, rule_loss, rule_throughput
+
+    # two actors, one 40 versions behind and one at 1: the far one is measured against the other, not their mean
+    r = _composed_run(["actors=2"])
+    r.actors = pd.DataFrame({"update": np.tile(np.arange(1, 21), 2), "actor": np.repeat([0, 1], 20),
+                             "lag": np.r_[np.full(20, 1.0), np.full(20, 40.0)]})
+    f = rule_lagging_worker(r)
+    assert f.severity == "act" and "actor 1" in f.evidence and f.overrides[0].startswith("actor.refresh_lag=")
+    # ... but a forced refresh does nothing on the sync runner: not suggested there
+    r2 = _composed_run(["actors=2", "runner=sync"])
+    r2.actors = r.actors
+    assert rule_lagging_worker(r2).overrides == []
+    # metrics all NaN (not measured) are no explosion
+    n = 40
+    r = _with_metrics(_composed_run(["actors=2"]), n, losses__approx_kl=np.full(n, np.nan),
+                      losses__value_loss=np.full(n, np.nan), episodic_return_mean=np.full(n, np.nan))
+    assert rule_loss(r).severity == "ok"
+    # once the budget is out the learner drains the queue: env_steps stops, the rate reads 0 — not a drop
+    steps = np.r_[np.arange(1, 31) * 1000.0, np.full(10, 30000.0)]
+    r = _with_metrics(_composed_run(["actors=2"]), n, env_steps=steps, wall_time=np.arange(n) * 0.1)
+    assert rule_throughput(r).severity == "ok"
+    # a config-group suggestion (algo=dual_clip) is composed as train.py would, and kept when it starts
+    from analysis.doctor import Finding
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("- runner=process\n- actors=4\n")
+    r = _composed_run(["runner=process", "actors=4"])
+    r.path = tmp_path
+    f = {"loss_explosion": Finding("loss_explosion", "act", "t", "e",
+                                   ["algo.loss.clip_eps=0.1", "algo=dual_clip", "actor.refresh_lag=3"])}
+    check_overrides(r, f)
+    assert f["loss_explosion"].overrides == ["algo.loss.clip_eps=0.1", "algo=dual_clip", "actor.refresh_lag=3"]

@@ -76,14 +76,20 @@ def swept_keys(runs_dir: Path) -> List[str]:
 
     vals: Dict[str, set] = {}
     config: Dict = {}
-    for ov in sorted(Path(runs_dir).rglob(".hydra/overrides.yaml")):
+    files = sorted(Path(runs_dir).rglob(".hydra/overrides.yaml"))
+    seen: Dict[str, int] = {}
+    for ov in files:
         for item in yaml.safe_load(ov.read_text()) or []:
             k, _, v = str(item).lstrip("+~").partition("=")
             if not k.startswith(("hydra.", "tracking.")):
                 vals.setdefault(k, set()).add(v)
+                seen[k] = seen.get(k, 0) + 1
         cfg_file = ov.parent / "config.yaml"
         if not config and cfg_file.is_file():
             config = yaml.safe_load(cfg_file.read_text()) or {}
+    for k, n in seen.items():  # set on some runs only: the others ran its default, another value
+        if n < len(files):
+            vals[k].add("<default>")
     if not vals:
         raise ValueError(f"{runs_dir}: no run dirs with .hydra/overrides.yaml under it")
     out = []
