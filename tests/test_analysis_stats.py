@@ -273,3 +273,12 @@ def test_the_profile_band_is_the_central_95_percent():
     assert b["low"][0] == pytest.approx(0.35, abs=0.03) and b["high"][0] == pytest.approx(0.65, abs=0.03)
     b90 = stats.profile_band(t, [0.5], reps=20000, alpha=0.1, seed=3)
     assert b["low"][0] < b90["low"][0] < 0.5 < b90["high"][0] < b["high"][0]
+
+
+def test_an_interval_whose_every_resample_is_undefined_is_nan_not_an_error():
+    # the reference at its baseline scores what it scores at the lag (no cost): every resample's fraction divides
+    # by 0, and the interval is NaN, not an exception
+    f = stats.recovered(stats.mean)
+    p, lo, hi = stats.interval_k(f, [[np.array([1.0, 2.0])], [np.array([0.0, 0.0])], [np.array([0.0, 0.0])]],
+                                 reps=200)
+    assert np.isinf(p) and np.isnan(lo) and np.isnan(hi)
