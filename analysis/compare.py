@@ -359,7 +359,9 @@ def recovery(df: pd.DataFrame, by: Sequence[str], baseline: Dict[str, str], refe
         tasks = _tasks(sets[0], col)[1]
         mt, rt, r0t = (_tasks(g, col, tasks)[0] for g in sets)
         n = min(sum(map(len, t)) for t in (mt, rt, r0t))
-        row = {"method": label(fam_by, fam_of[k]), "reference": label(fam_by, ref),
+        differ = [i for i, (a, b) in enumerate(zip(fam_of[k], ref)) if a != b]  # name the method by what differs
+        row = {"method": label([fam_by[i] for i in differ], tuple(fam_of[k][i] for i in differ)),
+               "reference": label(fam_by, ref),
                **{f"level.{b}": v for b, v in zip(baseline, level(k))},
                "runs": sum(map(len, mt)), "reference_runs": sum(map(len, rt)), "baseline_runs": sum(map(len, r0t)),
                "paired": is_paired, "interval": "bootstrap 95% CI" if n >= MIN_CI_RUNS else f"none (n < {MIN_CI_RUNS})"}

@@ -295,9 +295,9 @@ def recovery_view(res: Result) -> pd.DataFrame:
         out[_short(col[len("level."):])] = c[col]
     out["runs (method / ref. / ref. baseline)"] = [f"{a} / {b} / {d}" for a, b, d in
                                                    zip(c["runs"], c["reference_runs"], c["baseline_runs"])]
-    ref = c["reference"].iloc[0]
-    cells = (("cost", f"{ref}'s cost (ΔAUC baseline − lag)"), ("gain", f"gain over {ref} (ΔAUC)"),
-             ("vs_baseline", f"against {ref} at the baseline (ΔAUC)"), ("recovered", "fraction of the cost recovered"))
+    cells = (("cost", "reference's cost (ΔAUC, baseline − level)"), ("gain", "gain over the reference (ΔAUC)"),
+             ("vs_baseline", "against the reference at the baseline (ΔAUC)"),
+             ("recovered", "fraction of the cost recovered"))
     for key, name in cells:
         signed = key != "recovered"
         out[name] = [_cell(p, lo, hi, "", signed) for p, lo, hi in zip(c[key], c[f"{key}_low"], c[f"{key}_high"])]
@@ -415,9 +415,11 @@ def write(res: Result, out: Path, opts: Options, figs: Dict[str, Path]) -> None:
         ("Figures", None, None),
         ("Selection (tuned on the selection seeds, reported on the others)", res.selection.rename(columns=_short),
          "wide") if not res.selection.empty else None,
-        ("What buys the cost back (each method against the reference at the same level: the fraction of the "
-         "reference's cost it recovers, (method − reference) / (reference at the baseline − reference), 1 = all of "
-         "it, 0 = none, below 0 = worse than the reference)", recovery_view(res), "wide")
+        ("What buys the cost back (each method against the reference"
+         + (f" ({res.recovery['reference'].iloc[0]})" if not res.recovery.empty else "") +
+         " at the same level: the fraction of the reference's cost it recovers, (method − reference) / (reference "
+         "at the baseline − reference), 1 = all of it, 0 = none, below 0 = worse than the reference; a method is "
+         "named by the keys it differs from the reference in)", recovery_view(res), "wide")
         if not res.recovery.empty else None,
         ("Difference in cost between families (ΔAUC of a minus ΔAUC of b, each against its own baseline)",
          costs_view(res), "wide") if not res.costs.empty else None,
