@@ -407,12 +407,41 @@ def actors_figure(res: "Result", out: Path) -> Optional[Path]:
     return _save(fig, out, "actors")
 
 
+def recovery_figure(res: "Result", out: Path) -> Optional[Path]:
+    """The fraction of the reference's cost each method recovers, per level of the treatment, with its CI: a
+    horizontal bar per (method, level); 0 (no better than the reference) and 1 (all of it) marked."""
+    c = res.recovery
+    if c.empty:
+        return None
+    lvl = [x for x in c.columns if x.startswith("level.")]
+    c = c.assign(_lvl=c[lvl].astype(str).agg(", ".join, axis=1)) if lvl else c.assign(_lvl="")
+    methods = list(dict.fromkeys(c["method"]))
+    levels = list(dict.fromkeys(c["_lvl"]))
+    fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(c) + 1.4))
+    h = 0.8 / max(1, len(levels))
+    name = lvl[0][len("level."):].replace("cfg.", "") if len(lvl) == 1 else "level"
+    for j, lv in enumerate(levels):
+        d = c[c["_lvl"] == lv].set_index("method").reindex(methods)
+        y = np.arange(len(methods)) + (j - (len(levels) - 1) / 2) * h
+        mid = d["recovered"].to_numpy(float)
+        lo, hi = d["recovered_low"].to_numpy(float), d["recovered_high"].to_numpy(float)
+        err = np.vstack([np.where(np.isfinite(lo), mid - lo, 0), np.where(np.isfinite(hi), hi - mid, 0)])
+        ax.barh(y, mid, height=h * 0.9, xerr=err, capsize=3, label=f"{name}={lv}")
+    ax.axvline(0, color="k", lw=0.8)
+    ax.axvline(1, color="k", lw=0.8, ls="--")
+    ax.set_yticks(np.arange(len(methods)), methods, fontsize=8)
+    ax.set_xlabel(f"fraction of {c['reference'].iloc[0]}'s cost recovered (0: none, 1: all)")
+    _legend(ax)
+    return _save(fig, out, "recovery")
+
+
 def make_all(res: "Result", out: Path) -> Dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.png"):
         old.unlink()  # a figure that no longer applies must not linger from an earlier build
     figs = {
         "lag_cost": lag_cost_figure(res, out),
+        "recovery": recovery_figure(res, out),
         "return_vs_env_steps": returns_figure(res, out, "env_steps", "return_vs_env_steps", "env steps"),
         "return_vs_wall_clock": returns_figure(res, out, "wall_time", "return_vs_wall_clock", "wall clock (s)"),
         "per_seed": per_seed_figure(res, out),

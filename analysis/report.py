@@ -192,7 +192,9 @@ def warnings_for(res: Result):
                      "counts those runs (the others never reached the threshold within the budget)")
     if res.baseline and "baseline" in s and (s["baseline"] == "none").any():
         w.append(f"{int((s['baseline'] == 'none').sum())} groups have no matched baseline "
-                 f"({', '.join(f'{k}={v}' for k, v in res.baseline.items())} with the same other keys): no cost shown")
+                 f"({', '.join(f'{k}={v}' for k, v in res.baseline.items())} with the same other keys): no cost shown"
+                 + (" (those at a level the reference ran are measured against it instead: 'What buys the cost "
+                    "back')" if not res.recovery.empty else ""))
     sel = res.selection
     if not sel.empty and "held_out_runs" in sel and (sel["held_out_runs"] == 0).any():
         pending = sel[sel["held_out_runs"] == 0]
@@ -365,6 +367,10 @@ CAPTIONS = {
                 "(log2 axis; the measured mean version lag where the treatment is not a number, e.g. the runner) "
                 "and against the measured KL(behavior ‖ current); lines: IQM difference, bands: 95% CI (dots: "
                 "seeds, when a group has fewer than 5).",
+    "recovery": "What buys the cost back: the fraction of the reference's cost each method recovers at each level "
+                "of the treatment, (method − reference) / (reference at the baseline − reference) on IQMs, with its "
+                "95% stratified-bootstrap CI (no bar of interval below 5 runs); 0 = no better than the reference, "
+                "1 (dashed) = back at the baseline's score.",
     "return_vs_env_steps": "Return (rolling mean) against env steps: IQM across seeds with a 95% CI band.",
     "return_vs_wall_clock": "Return against wall-clock seconds (sensitive to machine load; see the warnings).",
     "per_seed": "Every seed's learning curve, one panel per group.",

@@ -523,6 +523,7 @@ def test_what_buys_the_cost_back_is_measured_against_the_reference_at_the_same_l
     assert v["recovered_low"] < v["recovered"] < v["recovered_high"]
     md = (tmp_path / "r" / "report.md").read_text()
     assert "What buys the cost back" in md and "0.75 [0.75, 0.75]" in md
+    assert (tmp_path / "r" / "figures" / "recovery.png").exists() and "figures/recovery.png" in md
 
 
 def test_the_reference_must_be_named_when_several_families_have_a_baseline(tmp_path):
