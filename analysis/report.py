@@ -540,5 +540,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
+def _cli() -> int:
+    try:
+        return main()
+    except KeyboardInterrupt:  # Ctrl-C: a line, not a traceback (nothing is half-written: outputs go last)
+        print("analysis: interrupted", file=sys.stderr)
+        return 130
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_cli())
