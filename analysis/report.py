@@ -421,11 +421,10 @@ def write(res: Result, out: Path, opts: Options, figs: Dict[str, Path]) -> None:
         ("Figures", None, None),
         ("Selection (tuned on the selection seeds, reported on the others)", res.selection.rename(columns=_short),
          "wide") if not res.selection.empty else None,
-        ("What buys the cost back (each method against the reference"
+        ("What buys the cost back: each method against the reference"
          + (f" ({res.recovery['reference'].iloc[0]})" if not res.recovery.empty else "") +
-         " at the same level: the fraction of the reference's cost it recovers, (method − reference) / (reference "
-         "at the baseline − reference), 1 = all of it, 0 = none, below 0 = worse than the reference; a method is "
-         "named by the keys it differs from the reference in)", recovery_view(res), "wide")
+         " at the same level (fraction recovered = (method − reference) / (reference at the baseline − reference))",
+         recovery_view(res), "wide")
         if not res.recovery.empty else None,
         ("Difference in cost between families (ΔAUC of a minus ΔAUC of b, each against its own baseline)",
          costs_view(res), "wide") if not res.costs.empty else None,
@@ -463,7 +462,7 @@ def write(res: Result, out: Path, opts: Options, figs: Dict[str, Path]) -> None:
 <style>body{{font-family:sans-serif;margin:1.5em;max-width:1360px}}table{{border-collapse:collapse;font-size:13px}}
 td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}}
 td:first-child{{text-align:left}}th{{background:#f3f3f3}}
-div.wide{{overflow-x:auto;max-width:100%}}div.wide table{{font-size:12px}}img{{max-width:100%}}
+div.wide,div.compact{{overflow-x:auto;max-width:100%}}div.wide table{{font-size:12px}}img{{max-width:100%}}
 .warn{{color:#a00}}.note{{color:#555}}figure{{margin:1em 0}}figcaption{{font-size:13px;color:#333}}</style>
 </head><body>{''.join(body)}</body></html>
 """
