@@ -306,7 +306,8 @@ def reference_family(families: Sequence[tuple], with_baseline: Sequence[tuple], 
         raise AnalysisError(f"--reference {', '.join(bad)}: not a grouping key other than the baseline's (families "
                             f"are by {', '.join(fam_by) or 'nothing'})")
     pos = {k: fam_by.index(k) for k in reference}
-    cand = [f for f in with_baseline if all(f[pos[k]] == str(v) for k, v in reference.items())]
+    same = lambda a, b: a == b or label(["k"], (a,)) == label(["k"], (b,))  # noqa: E731  (null spelled as the config does)
+    cand = [f for f in with_baseline if all(same(f[pos[k]], str(v)) for k, v in reference.items())]
     if len(cand) == 1:
         return cand[0]
     if not reference:  # a lag-cost study (every algorithm with its own lag 0): nothing to buy back from
@@ -377,6 +378,12 @@ def recovery(df: pd.DataFrame, by: Sequence[str], baseline: Dict[str, str], refe
                 with np.errstate(divide="ignore", invalid="ignore"):
                     row[name] = float(f(mt, rt, r0t))
                 row[f"{name}_low"] = row[f"{name}_high"] = float("nan")
+        if not (row["cost_low"] > 0 if np.isfinite(row["cost_low"]) else row["cost"] > 0):
+            # the reference loses nothing measurable at this level: a fraction of nothing is undefined (its sign
+            # flips and its resamples are unbounded), so none is reported
+            row["recovered"] = row["recovered_low"] = row["recovered_high"] = float("nan")
+            row["interval"] = "undefined: the reference's cost is not above 0" + (
+                " (its CI includes 0)" if np.isfinite(row["cost_low"]) else "")
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -203,8 +203,17 @@ def warnings_for(res: Result):
                      cmp.label([c for c in sel.columns if c.startswith("cfg.")], tuple(str(r[c]) for c in sel.columns
                                                                                   if c.startswith("cfg.")))
                      for _, r in pending.head(12).iterrows()))
-    if not res.recovery.empty and (res.recovery["interval"] != "bootstrap 95% CI").any():
+    if not res.recovery.empty and res.recovery["interval"].str.startswith("none").any():
         w.append(f"the recovered fraction has no interval where a group has fewer than {MIN_CI_RUNS} runs")
+    if not res.recovery.empty and res.recovery["interval"].str.startswith("undefined").any():
+        w.append("at some levels the reference's cost is not above 0 (its CI includes 0): no fraction of it is "
+                 "reported there, only the gain")
+    if not sel.empty and "how" in sel and sel["how"].str.startswith("fixed").any():
+        keys = [c for c in sel.columns if c.startswith("cfg.")]
+        fixed = sel[sel["how"].str.startswith("fixed")]
+        notes.append(f"{len(fixed)} groups ran at one step size chosen outside these runs (no selection-seed run of "
+                     "theirs is here): " + "; ".join(cmp.label(keys, tuple(str(r[c]) for c in keys))
+                                                     for _, r in fixed.head(12).iterrows()))
     failed = res.runs[~res.runs["used"]]
     if len(failed) and "selection" not in res.runs:
         notes.append(f"{len(failed)} runs left out of the statistics (status: "

@@ -600,3 +600,37 @@ def test_a_key_set_on_some_runs_and_null_on_others_is_a_treatment(tmp_path):
     assert p.returncode == 0, p.stderr
     s = pd.read_csv(tmp_path / "r" / "summary.csv")
     assert "cfg.learner.max_kl_behavior" in s and len(s) == 3 and sorted(s["auc_iqm"]) == [-500.0, -330.0, -300.0]
+
+
+def test_the_recovered_fraction_is_paired_by_seed_only_when_every_group_shares_the_seeds(tmp_path):
+    # each seed moves all three groups together (a hard seed is hard for every method): paired, the fraction is
+    # exactly 0.75 on every resample; a group with other seeds is resampled independently, and the seed spread
+    # widens its interval
+    spread = [0, 90, -60, 150, -120, 40, -30, 110, -80, 20]
+    for s, e in enumerate(spread):
+        make_run(tmp_path / "runs", f"p0_{s}", algo="ppo", lag=0, seed=s, auc_value=-300 + e)
+        make_run(tmp_path / "runs", f"p8_{s}", algo="ppo", lag=8, seed=s, auc_value=-500 + e)
+        make_run(tmp_path / "runs", f"m8_{s}", algo="cap", lag=8, seed=s, auc_value=-350 + e)
+        make_run(tmp_path / "runs", f"o8_{s}", algo="other", lag=8, seed=s + 100, auc_value=-350 + e)
+    p = _report(tmp_path / "runs", "--out", tmp_path / "r", "--baseline", "cfg.actor.fixed_lag=0")
+    assert p.returncode == 0, p.stderr
+    rec = pd.read_csv(tmp_path / "r" / "recovery.csv").set_index("method")
+    cap, other = rec.loc["algo.name=cap"], rec.loc["algo.name=other"]
+    assert cap["paired"] and cap["recovered"] == pytest.approx(0.75)
+    assert cap["recovered_low"] == pytest.approx(0.75) and cap["recovered_high"] == pytest.approx(0.75)
+    assert not other["paired"] and other["recovered"] == pytest.approx(0.75)
+    assert other["recovered_low"] < 0.6 and other["recovered_high"] > 0.9
+
+
+def test_no_fraction_of_a_cost_the_reference_does_not_pay(tmp_path):
+    # the reference scores the same at lag 8 as at lag 0 (cost CI includes 0): the gain is reported, no fraction
+    spread = [0, 9, -6, 15, -12]
+    for s, e in enumerate(spread):
+        make_run(tmp_path / "runs", f"p0_{s}", algo="ppo", lag=0, seed=s, auc_value=-300 + e)
+        make_run(tmp_path / "runs", f"p8_{s}", algo="ppo", lag=8, seed=s, auc_value=-300 - e)
+        make_run(tmp_path / "runs", f"m8_{s}", algo="cap", lag=8, seed=s, auc_value=-250 + e)
+    p = _report(tmp_path / "runs", "--out", tmp_path / "r", "--baseline", "cfg.actor.fixed_lag=0")
+    assert p.returncode == 0, p.stderr
+    r = pd.read_csv(tmp_path / "r" / "recovery.csv").iloc[0]
+    assert np.isnan(r["recovered"]) and r["interval"].startswith("undefined") and r["gain"] == pytest.approx(52)  # (IQMs: -249 - -301)
+    assert "no fraction of it is reported there" in p.stderr
