@@ -239,18 +239,26 @@ def summarize(df: pd.DataFrame, by: Optional[Sequence[str]] = None, baseline: Op
     return pd.DataFrame(out)
 
 
+def _matched_groups(df: pd.DataFrame, by: Sequence[str], baseline: Optional[Dict[str, str]]):
+    """(baseline as strings, {group key: its used runs}, {group key: its baseline's key}); the groups are empty
+    when there is no baseline."""
+    baseline = {k: str(v) for k, v in (baseline or {}).items()}
+    if not baseline:
+        return baseline, {}, {}
+    used = df[df["used"]] if "used" in df else df
+    grouped = dict(groups_of(used, by))
+    return baseline, grouped, matched_baselines(list(grouped), by, baseline)
+
+
 def cost_differences(df: pd.DataFrame, by: Sequence[str], baseline: Dict[str, str], col: str = "auc",
                      reps: int = REPS, seed: int = BOOT_SEED) -> pd.DataFrame:
     """The difference in cost between two families at each treatment level: (IQM(a, level) - IQM(a, baseline)) -
     (IQM(b, level) - IQM(b, baseline)), for every pair of families that differ in one key (e.g. two algorithms),
     with its bootstrap 95% CI (each family resampled by seed when its seeds match; the seed range of the per-seed
     differences of differences below 5 runs)."""
-    used = df[df["used"]] if "used" in df else df
-    baseline = {k: str(v) for k, v in (baseline or {}).items()}
+    baseline, grouped, base_of = _matched_groups(df, by, baseline)
     if not baseline:
         return pd.DataFrame()
-    grouped = dict(groups_of(used, by))
-    base_of = matched_baselines(list(grouped), by, baseline)
     fam_keys = [b for b in by if b not in baseline]
     fams: Dict[tuple, List[tuple]] = {}
     for k, bk in base_of.items():
@@ -330,12 +338,9 @@ def recovery(df: pd.DataFrame, by: Sequence[str], baseline: Dict[str, str], refe
     ((m - r) / (r0 - r), the fraction of the cost bought back), each with its bootstrap 95% CI (the groups
     resampled by seed together when their seeds match, else independently; no interval when a group has fewer
     than 5 runs). Empty when there is no baseline or no family with a baseline run to be the reference."""
-    used = df[df["used"]] if "used" in df else df
-    baseline = {k: str(v) for k, v in (baseline or {}).items()}
+    baseline, grouped, base_of = _matched_groups(df, by, baseline)
     if not baseline:
         return pd.DataFrame()
-    grouped = dict(groups_of(used, by))
-    base_of = matched_baselines(list(grouped), by, baseline)
     fam_of = {k: family(by, k, baseline) for k in grouped}
     with_base = sorted({fam_of[k] for k, bk in base_of.items() if bk == k})
     ref = reference_family(sorted(set(fam_of.values())), with_base, by, baseline, reference or {})

@@ -779,11 +779,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _cli() -> int:
-    try:
-        return main()
-    except KeyboardInterrupt:  # Ctrl-C: a line, not a traceback (nothing is half-written: outputs go last)
-        print("doctor: interrupted", file=sys.stderr)
-        return 130
+    from .cli import interruptible
+
+    return interruptible(lambda: main(), "doctor")  # (main looked up when called)
 
 
 if __name__ == "__main__":

@@ -549,11 +549,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _cli() -> int:
-    try:
-        return main()
-    except KeyboardInterrupt:  # Ctrl-C: a line, not a traceback (nothing is half-written: outputs go last)
-        print("analysis: interrupted", file=sys.stderr)
-        return 130
+    from .cli import interruptible
+
+    return interruptible(lambda: main(), "analysis")  # (main looked up when called)
 
 
 if __name__ == "__main__":
