@@ -71,7 +71,6 @@ class Actor:
         n = cfg.actor.envs_per_actor
         seed = seed_for(cfg.seed, actor_id, incarnation)
         self.envs = EnvGroup(cfg.env, n, seed % (2**31), actor_id)
-        self.spec = self.envs.spec
         self.envs.tag(actor_id * n)
         self.rng = np.random.default_rng(seed)
         self.policy: Optional[InferencePolicy] = None
@@ -80,6 +79,7 @@ class Actor:
         self.stats = ActorStats()
         self.first_step_t: Optional[float] = None  # monotonic time of this actor's first env step
         self.obs = self.envs.reset()
+        self.spec = self.envs.spec  # (whether the env names its legal actions is known once it has been reset)
         self.t = np.zeros(n, dtype=np.int64)  # env-instance step counters
         self.episode_id = np.zeros(n, dtype=np.int64)
         self.episode_t = np.zeros(n, dtype=np.int64)
@@ -145,6 +145,7 @@ class Actor:
         val_buf = np.empty((T, E), dtype=np.float32)
         mean_buf = None if spec.discrete else np.empty((T, E, spec.n_actions), dtype=np.float32)
         lstd_buf = None if spec.discrete else np.empty((T, E, spec.n_actions), dtype=np.float32)
+        mask_buf = np.empty((T, E, spec.n_actions), dtype=bool) if spec.masked else None
         final_obs: List[List[np.ndarray]] = [[] for _ in range(E)]  # per env: final obs of its truncations
         start_t, start_ep, start_ept = self.t[sel].copy(), self.episode_id[sel].copy(), self.episode_t[sel].copy()
         episodes: List[Episode] = []
@@ -158,7 +159,11 @@ class Actor:
             if check is not None and step % check_every == 0 and self.stale(check()):
                 return self._discard(sel, index, obs, start_t, step, episodes, env_s, infer_s)
             t0 = time.perf_counter()
-            a_np, logp, v, mean, log_std = self.policy.act(self._norm(obs), self.rng)
+            mask = None
+            if mask_buf is not None:
+                mask = self.envs.masks[sel]
+                mask_buf[step] = mask
+            a_np, logp, v, mean, log_std = self.policy.act(self._norm(obs), self.rng, mask)
             if spec.discrete:
                 env_a = a_np
             else:
@@ -227,6 +232,7 @@ class Actor:
                     last_obs=obs[e].copy(),
                     mean=None if mean_buf is None else mean_buf[:, e].copy(),
                     log_std=None if lstd_buf is None else lstd_buf[:, e].copy(),
+                    masks=None if mask_buf is None else mask_buf[:, e].copy(),
                 )
             )
         st = self.stats

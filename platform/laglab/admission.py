@@ -4,8 +4,9 @@ Checks, in order (the first failure names the reason):
 ``schema`` unknown schema version · ``identity`` actor/env index out of range, malformed interval or
 episode counters · ``length`` an array's length disagrees with the timestep interval · ``shape`` a shape or
 dtype disagrees with the env's spaces · ``non_finite`` observations, rewards, values or bootstrap values
-not finite · ``logp`` behavior log-probs not finite, or (discrete) a probability outside (0, 1] ·
-``action`` a discrete action out of range or a continuous one not finite · ``flags`` a step both
+not finite · ``mask`` (envs with action masks) a step whose mask allows no action, or an action its mask does
+not allow (an action out of range is ``action``) · ``logp`` behavior log-probs not finite, or (discrete) a
+probability outside (0, 1] · ``action`` a discrete action out of range or a continuous one not finite · ``flags`` a step both
 terminated and truncated, or a number of final observations (``trunc_obs``) other than the number of
 truncated steps · ``future_version``
 behavior version newer than the learner's.
@@ -81,9 +82,21 @@ def _validate(frag: Fragment, spec: EnvSpec, n_actors: int, envs_per_actor: int,
         if (frag.actions.shape != want or frag.actions.dtype != np.float32 or frag.mean is None
                 or frag.log_std is None or frag.mean.shape != want or frag.log_std.shape != want):
             return "shape"
+    masks = frag.masks
+    if spec.masked:
+        if (not isinstance(masks, np.ndarray) or masks.dtype != np.bool_
+                or masks.shape != (T, spec.n_actions)):
+            return "shape"
+    elif masks is not None:
+        return "shape"
     if not (np.isfinite(frag.obs).all() and np.isfinite(frag.last_obs).all() and np.isfinite(frag.trunc_obs).all()
             and all(np.isfinite(getattr(frag, n)).all() for n in _FLOAT_FIELDS)):
         return "non_finite"
+    if spec.masked:  # (before logp: an action its mask forbids has no finite behavior log-prob)
+        if ((frag.actions < 0) | (frag.actions >= spec.n_actions)).any():
+            return "action"
+        if not masks.any(axis=1).all() or not masks[np.arange(T), frag.actions].all():
+            return "mask"
     if not np.isfinite(frag.logp).all() or (spec.discrete and (frag.logp > 0).any()):
         return "logp"
     if spec.discrete:

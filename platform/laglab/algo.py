@@ -163,7 +163,11 @@ def gaussian_entropy(log_std: Tensor) -> Tensor:
     return (log_std + 0.5 + HALF_LOG_2PI).sum(-1)
 
 
-def categorical_logp_entropy(logits: Tensor, actions: Tensor):
+def categorical_logp_entropy(logits: Tensor, actions: Tensor, mask: Optional[Tensor] = None):
+    """Log-prob of ``actions`` and entropy of the categorical; ``mask`` (bool, as logits): the distribution over the
+    legal actions only (the others get the most negative finite logit: probability 0, no NaN in the entropy)."""
+    if mask is not None:
+        logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)

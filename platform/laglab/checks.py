@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+import gymnasium as gym
 import numpy as np
 
 from .config import Config, ConfigError, RunnerKind
@@ -16,8 +17,9 @@ from .fragment import Fragment, FragmentId
 
 def env_spec(cfg: Config) -> EnvSpec:
     env = make_env(cfg.env)
-    try:
-        return EnvSpec.of(env)
+    try:  # one reset of a throwaway env: whether it names its legal actions (info["action_mask"])
+        info = env.reset(seed=0)[1] if isinstance(env.action_space, gym.spaces.Discrete) else None
+        return EnvSpec.of(env, info, cfg.env.action_mask)
     finally:
         env.close()
 

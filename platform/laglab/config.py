@@ -102,6 +102,9 @@ class EnvConfig:
     normalize_reward: bool = False  # scale rewards by the std of the discounted return (learner side)
     reward_clip: float = 10.0
     latency_ms: List[float] = field(default_factory=list)  # env=latency: per-step cost, cycled over the actors
+    # envs that name their legal actions (info["action_mask"], or a Dict observation with an action_mask entry):
+    # sample and train under the mask; false = ignore the masks (the policy may pick an illegal action)
+    action_mask: bool = True
 
 
 @dataclass

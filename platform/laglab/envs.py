@@ -58,6 +58,94 @@ if LATENCY_ID not in gym.registry:
     gym.register(LATENCY_ID, entry_point=LatencyEnv)
 
 
+MASK_KEY = "action_mask"
+
+
+class MaskFromDict(gym.Wrapper):
+    """A Dict observation ``{"action_mask": ..., <one Box>: ...}`` as the Box alone, with the mask moved to
+    ``info["action_mask"]`` (where laglab reads every env's mask)."""
+
+    def __init__(self, env: gym.Env, key: str):
+        super().__init__(env)
+        self._key = key
+        self.observation_space = env.observation_space[key]
+
+    def _split(self, obs, info):
+        info = dict(info)
+        info[MASK_KEY] = np.asarray(obs[MASK_KEY])
+        return obs[self._key], info
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return self._split(obs, info)
+
+    def step(self, action):
+        obs, r, te, tr, info = self.env.step(action)
+        o, info = self._split(obs, info)
+        return o, r, te, tr, info
+
+
+def _unmask_dict(env: gym.Env, env_id: str) -> gym.Env:
+    space = env.observation_space
+    if not isinstance(space, gym.spaces.Dict):
+        return env
+    others = [k for k in space.spaces if k != MASK_KEY]
+    if MASK_KEY not in space.spaces or len(others) != 1 or not isinstance(space[others[0]], gym.spaces.Box):
+        env.close()
+        raise ConfigError(f"invalid config: env.id={env_id!r} has observation space {space}; allowed: Box, or a Dict "
+                          f"of one Box and an {MASK_KEY!r} entry")
+    return MaskFromDict(env, others[0])
+
+
+class MaskedPickEnv(gym.Env):
+    """A small task that needs action masks. Each step the agent picks one of ``n`` items; the observation is each
+    item's value, and ``info["action_mask"]`` says which items may be picked this step (each with probability 1/2,
+    at least one). The reward is the picked item's value (in [0, 1]). Items that may not be picked look better
+    (their values are in [0.5, 1.5]: a policy that ignores the mask is drawn to them), and picking one ends the
+    episode with reward -1 (terminated). Episodes are truncated after ``horizon`` steps. Under the mask the best
+    policy picks the most valuable legal item (about 0.73 per step); without it a policy must tell legality from
+    the values alone, which is ambiguous wherever they overlap ([0.5, 1]), and every mistake ends the episode."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, n: int = 6, horizon: int = 50):
+        self.n, self.horizon = int(n), int(horizon)
+        self.observation_space = gym.spaces.Box(0.0, 1.5, shape=(self.n,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(self.n)
+        self.t = 0
+        self._mask = np.ones(self.n, bool)
+        self._vals = np.zeros(self.n, np.float32)
+
+    def _draw(self):
+        rng = self.np_random
+        self._mask = rng.random(self.n) < 0.5
+        if not self._mask.any():
+            self._mask[rng.integers(self.n)] = True
+        self._vals = rng.random(self.n).astype(np.float32)
+        self._vals[~self._mask] += 0.5
+        return self._vals.copy(), {MASK_KEY: self._mask.copy()}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._draw()
+
+    def step(self, action):
+        a = int(action)
+        self.t += 1
+        if not self._mask[a]:
+            obs, info = self._draw()
+            return obs, -1.0, True, False, info
+        r = float(self._vals[a])
+        obs, info = self._draw()
+        return obs, r, False, self.t >= self.horizon, info
+
+
+MASKED_PICK_ID = "laglab/MaskedPick-v0"
+if MASKED_PICK_ID not in gym.registry:
+    gym.register(MASKED_PICK_ID, entry_point=MaskedPickEnv)
+
+
 _mujoco_seen: set = set()
 
 
@@ -107,6 +195,7 @@ def make_env(cfg: EnvConfig, actor_id: Optional[int] = None, render_mode: Option
         ) from e
     except TypeError as e:
         raise ConfigError(f"invalid config: env.kwargs={cfg.kwargs!r} rejected by {cfg.id!r}: {e}") from e
+    env = _unmask_dict(env, cfg.id)
     if not isinstance(env.action_space, (gym.spaces.Discrete, gym.spaces.Box)):
         raise ConfigError(
             f"invalid config: env.id={cfg.id!r} has action space {env.action_space}; allowed: Discrete or Box"
@@ -127,12 +216,16 @@ class EnvSpec:
     n_actions: int  # Discrete: number of actions; Box: action dimension
     action_low: Optional[np.ndarray] = None
     action_high: Optional[np.ndarray] = None
+    masked: bool = False  # Discrete only: the env says which actions are legal (``info["action_mask"]``)
 
     @staticmethod
-    def of(env: gym.Env) -> "EnvSpec":
+    def of(env: gym.Env, info: Optional[Dict[str, Any]] = None, use_mask: bool = True) -> "EnvSpec":
+        """The spec of ``env``; ``info``: what its reset returned (whether it provides action masks; without it the
+        spec is unmasked). ``use_mask`` False: the masks are ignored (env.action_mask=false)."""
         space = env.action_space
         if isinstance(space, gym.spaces.Discrete):
-            return EnvSpec(tuple(env.observation_space.shape), True, int(space.n))
+            masked = bool(use_mask and info is not None and MASK_KEY in info)
+            return EnvSpec(tuple(env.observation_space.shape), True, int(space.n), masked=masked)
         return EnvSpec(
             tuple(env.observation_space.shape),
             False,
@@ -153,6 +246,20 @@ class StepResult:
     terminated: np.ndarray  # [E] bool
     truncated: np.ndarray  # [E] bool (and not terminated)
     final_obs: Dict[int, np.ndarray]  # env index -> last obs of an episode that ended this step
+    masks: Optional[np.ndarray] = None  # [E, n_actions] bool: the legal actions at next_obs (masked envs)
+
+
+def action_mask(info: Dict[str, Any], n: int, env_id: str) -> np.ndarray:
+    """The legal actions an env's ``info`` names, as bool [n]; a ConfigError when a masked env stops providing
+    them or provides the wrong shape (a mask that allows nothing is passed on: admission refuses its fragment)."""
+    if MASK_KEY not in info:
+        raise ConfigError(f"env {env_id!r} provided info[{MASK_KEY!r}] at reset but not on a later step: a masked "
+                          "env must provide it after every reset and step (or set env.action_mask=false)")
+    m = np.asarray(info[MASK_KEY])
+    if m.shape != (n,):
+        raise ConfigError(f"env {env_id!r}: info[{MASK_KEY!r}] has shape {m.shape}; allowed: ({n},), one entry per "
+                          "action")
+    return m.astype(bool)
 
 
 class EnvGroup:
@@ -161,9 +268,12 @@ class EnvGroup:
 
     def __init__(self, cfg: EnvConfig, n: int, seed: int, actor_id: Optional[int] = None):
         self.envs: List[gym.Env] = [make_env(cfg, actor_id) for _ in range(n)]
-        self.spec = EnvSpec.of(self.envs[0])
+        self.spec = EnvSpec.of(self.envs[0])  # masked or not is known after the first reset
         self.n = n
         self._seed = seed
+        self._id = cfg.id
+        self._use_mask = cfg.action_mask
+        self.masks: Optional[np.ndarray] = None  # [n, n_actions] legal actions at the current obs (masked envs)
 
     def tag(self, first_instance: int) -> None:
         """Tell tagged envs which env instance they are (other envs ignore it)."""
@@ -172,10 +282,14 @@ class EnvGroup:
                 env.unwrapped.set_instance(first_instance + i)
 
     def reset(self) -> np.ndarray:
-        obs = [env.reset(seed=self._seed + i)[0] for i, env in enumerate(self.envs)]
+        """Reset every env (seeded); sets ``spec`` (masked or not: the first env's reset info says) and ``masks``."""
+        out = [env.reset(seed=self._seed + i) for i, env in enumerate(self.envs)]
         for i, env in enumerate(self.envs):
             env.action_space.seed(self._seed + i)
-        return np.stack(obs).astype(np.float32)
+        self.spec = EnvSpec.of(self.envs[0], out[0][1], self._use_mask)
+        if self.spec.masked:
+            self.masks = np.stack([action_mask(info, self.spec.n_actions, self._id) for _, info in out])
+        return np.stack([o for o, _ in out]).astype(np.float32)
 
     def step(self, actions: np.ndarray, which: Optional[np.ndarray] = None) -> StepResult:
         """Step every env (or the envs ``which``, in that order) with one action each; results are in the
@@ -187,16 +301,25 @@ class EnvGroup:
         term = np.zeros(n, dtype=bool)
         trunc = np.zeros(n, dtype=bool)
         final: Dict[int, np.ndarray] = {}
+        masked = self.spec.masked
+        masks = np.empty((n, self.spec.n_actions), bool) if masked else None
         for i, env in enumerate(envs):
-            o, r, te, tr, _ = env.step(actions[i])
+            o, r, te, tr, info = env.step(actions[i])
             rewards[i] = r
             if te or tr:
                 term[i] = bool(te)
                 trunc[i] = bool(tr) and not te
                 final[i] = np.asarray(o, dtype=np.float32)
-                o, _ = env.reset()
+                o, info = env.reset()
             next_obs[i] = o
-        return StepResult(np.stack(next_obs).astype(np.float32), rewards, term, trunc, final)
+            if masked:
+                masks[i] = action_mask(info, self.spec.n_actions, self._id)
+        if masked:
+            if which is None:
+                self.masks = masks
+            else:
+                self.masks[np.asarray(which, dtype=np.int64)] = masks
+        return StepResult(np.stack(next_obs).astype(np.float32), rewards, term, trunc, final, masks)
 
     def close(self) -> None:
         for env in self.envs:

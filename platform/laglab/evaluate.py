@@ -13,7 +13,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from .config import Config, ConfigError, lead_batches, upgrade_saved, validate
-from .envs import EnvSpec, make_env, normalize
+from .envs import EnvSpec, action_mask, make_env, normalize
 from .inference import InferencePolicy, Snapshot
 
 MODES = ("deterministic", "sample")
@@ -94,17 +94,18 @@ def play(cfg: Config, policy: InferencePolicy, snap: Snapshot, episodes: int, mo
     out = Scores()
     try:
         for i in range(episodes):
-            obs, _ = env.reset(seed=seed + i)
+            obs, info = env.reset(seed=seed + i)
             ret, length, done = 0.0, 0, False
             while not done:
                 x = np.asarray(obs, np.float32)[None]
                 if cfg.env.normalize_obs:
                     x = normalize(x, snap.obs_mean, snap.obs_var, cfg.env.obs_clip)
-                a = policy.mode(x) if mode == "deterministic" else policy.act(x, rng)[0]
+                mask = action_mask(info, spec.n_actions, cfg.env.id)[None] if spec.masked else None
+                a = policy.mode(x, mask) if mode == "deterministic" else policy.act(x, rng, mask)[0]
                 a = a[0]
                 if not spec.discrete:
                     a = np.clip(a, spec.action_low, spec.action_high)
-                obs, r, terminated, truncated, _ = env.step(a.item() if spec.discrete else a)
+                obs, r, terminated, truncated, info = env.step(a.item() if spec.discrete else a)
                 ret += float(r)
                 length += 1
                 done = terminated or truncated

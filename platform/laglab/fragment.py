@@ -45,6 +45,7 @@ class Fragment:
     last_obs: np.ndarray  # [*obs_shape] obs after the last step (bootstrap)
     mean: Optional[np.ndarray] = None  # [T, A] Gaussian mean (continuous actions)
     log_std: Optional[np.ndarray] = None  # [T, A] Gaussian log-std (continuous actions)
+    masks: Optional[np.ndarray] = None  # [T, n] bool: the legal actions at each step (envs with action masks)
 
     @classmethod
     def sealed(cls, **fields) -> "Fragment":
@@ -63,7 +64,7 @@ class Fragment:
     def nbytes(self) -> int:
         arrays: Tuple[Optional[np.ndarray], ...] = (
             self.obs, self.actions, self.rewards, self.terminated, self.truncated, self.logp,
-            self.values, self.trunc_obs, self.disc_return, self.last_obs, self.mean, self.log_std,
+            self.values, self.trunc_obs, self.disc_return, self.last_obs, self.mean, self.log_std, self.masks,
         )
         return sum(a.nbytes for a in arrays if isinstance(a, np.ndarray)) + 9 * 8
 

@@ -85,12 +85,15 @@ class InferencePolicy:
     def value(self, obs: np.ndarray) -> np.ndarray:
         return self._mlp(self.v, obs.reshape(obs.shape[0], -1))[:, 0]
 
-    def act(self, obs: np.ndarray, rng: np.random.Generator):
-        """Sample actions. Returns (actions, logp, value, mean or None, log_std or None)."""
+    def act(self, obs: np.ndarray, rng: np.random.Generator, mask: Optional[np.ndarray] = None):
+        """Sample actions (``mask`` [B, n] bool: only the legal actions, renormalized). Returns (actions, logp,
+        value, mean or None, log_std or None)."""
         x = obs.reshape(obs.shape[0], -1)
         out = self._mlp(self.pi, x)
         value = self._mlp(self.v, x)[:, 0]
         if self.spec.discrete:
+            if mask is not None:
+                out = np.where(mask, out, -np.inf)
             z = out - out.max(axis=1, keepdims=True)
             logp_all = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
             cdf = np.exp(logp_all).cumsum(axis=1)
@@ -104,10 +107,13 @@ class InferencePolicy:
         return a, logp.astype(np.float32), value, out, log_std
 
 
-    def mode(self, obs: np.ndarray) -> np.ndarray:
-        """The deterministic action (the most probable one: argmax of the logits, or the Gaussian's mean)."""
+    def mode(self, obs: np.ndarray, mask: Optional[np.ndarray] = None) -> np.ndarray:
+        """The deterministic action (the most probable one: argmax of the logits, or the Gaussian's mean; under
+        ``mask``, the most probable legal one)."""
         out = self._mlp(self.pi, obs.reshape(obs.shape[0], -1))
         if self.spec.discrete:
+            if mask is not None:
+                out = np.where(mask, out, -np.inf)
             return out.argmax(axis=1).astype(np.int64)
         return out.astype(np.float32)
 

@@ -65,6 +65,7 @@ class Stacked(NamedTuple):
     trunc_obs: np.ndarray  # [K, *obs] final observations of the truncated steps
     trunc_pos: np.ndarray  # [K] their flat positions t * N + n in [T, N]
     last_obs: np.ndarray  # [N, *obs]
+    masks: Optional[np.ndarray] = None  # [T, N, n] legal actions (envs with action masks)
 
 
 def stack(frags: Sequence[Fragment]) -> Stacked:
@@ -74,7 +75,7 @@ def stack(frags: Sequence[Fragment]) -> Stacked:
     pos = [np.flatnonzero(f.truncated) * N + n for n, f in enumerate(frags)]
     return Stacked(T, N, st("obs"), st("actions"), st("rewards"), st("disc_return"), st("terminated"), trunc,
                    st("logp"), np.concatenate([f.trunc_obs for f in frags]), np.concatenate(pos).astype(np.int64),
-                   np.stack([f.last_obs for f in frags]))
+                   np.stack([f.last_obs for f in frags]), st("masks") if frags[0].masks is not None else None)
 
 
 class Batch(NamedTuple):
@@ -92,6 +93,7 @@ class Batch(NamedTuple):
     lags: np.ndarray  # [N] version lag per fragment
     succ: np.ndarray  # [N] index of the proven-adjacent next fragment in the batch, or -1
     depth: np.ndarray  # [N] distance to the end of its chain
+    masks: Optional[torch.Tensor] = None  # [T*N, n] legal actions (envs with action masks)
 
 
 class Learner:
@@ -140,7 +142,8 @@ class Learner:
         with torch.no_grad():
             obs = self._norm(np.array(frag.obs)).reshape((-1,) + self.spec.obs_shape)  # copies: a fragment's
             actions = torch.from_numpy(np.array(frag.actions)).reshape((-1,) + self.spec.action_shape)  # are read-only
-            logp = self.model.logp_entropy(obs, actions)[0]
+            masks = None if frag.masks is None else torch.from_numpy(np.array(frag.masks))
+            logp = self.model.logp_entropy(obs, actions, masks)[0]
             return float(algo.approx_kl_k3(logp, torch.from_numpy(np.array(frag.logp)).reshape(-1)))
 
     def allocate_incarnation(self) -> int:
@@ -235,6 +238,7 @@ class Learner:
             lags=self.version - np.array([f.id.behavior_version for f in frags]),
             succ=succ,
             depth=chain_depths(succ),
+            masks=None if s.masks is None else torch.from_numpy(s.masks).reshape(T * N, -1),
         )
 
     def audit(self, frags: Sequence[Fragment]) -> int:
@@ -245,7 +249,8 @@ class Learner:
         """Audit the very tensors an update trains on (see :func:`laglab.tagged.audit_batch`): the [T*N] rows,
         the truncation observations at the flat positions the bootstrap uses, the bootstrap observations."""
         return audit_batch(b.obs.numpy(), b.actions.numpy(), b.raw_rewards, b.trunc_obs.numpy(), b.trunc_pos.numpy(),
-                           b.last_obs.numpy(), frags, self.cfg.actor.envs_per_actor, b.succ)
+                           b.last_obs.numpy(), frags, self.cfg.actor.envs_per_actor, b.succ,
+                           None if b.masks is None else b.masks.numpy())
 
     @torch.no_grad()
     def _targets(self, b: "Batch"):
@@ -253,7 +258,7 @@ class Learner:
         a = self.cfg.algo.advantage
         values = self.model.value(b.obs).view(b.T, b.N)
         bootstrap = self.model.value(b.last_obs)
-        cur_logp = self.model.logp_entropy(b.obs, b.actions)[0].view(b.T, b.N)
+        cur_logp = self.model.logp_entropy(b.obs, b.actions, b.masks)[0].view(b.T, b.N)
         rewards = b.rewards.clone()
         if len(b.trunc_pos):  # truncations: bootstrap with the *current* critic's value of the final observation
             rewards.view(-1)[b.trunc_pos] += a.gamma * self.model.value(b.trunc_obs)
@@ -298,7 +303,7 @@ class Learner:
         adv, returns, values, cur_logp = self._targets(b)
         lag_kl = float(algo.approx_kl_k3(cur_logp, b.behavior_logp))
         is_ess = algo.effective_sample_fraction(cur_logp - b.behavior_logp)
-        obs, actions, lags = b.obs, b.actions, b.lags
+        obs, actions, lags, masks = b.obs, b.actions, b.lags, b.masks
 
         if lc.lr_schedule == LrSchedule.linear:  # on learner progress: the budget's transitions that met their fate before this update
             done = self.trained_steps if progress is None else progress
@@ -320,14 +325,15 @@ class Learner:
             kl_epoch = []
             for k in range(lc.minibatches):
                 idx = perm[k * mb:(k + 1) * mb]
-                logp, ent = self.model.logp_entropy(obs[idx], actions[idx])
+                m_idx = None if masks is None else masks[idx]
+                logp, ent = self.model.logp_entropy(obs[idx], actions[idx], m_idx)
                 a = b_adv[idx]
                 if loss_cfg.norm_adv and mb > 1:
                     a = (a - a.mean()) / (a.std() + 1e-8)
                 if decoupled:
                     if self.prox_model is not None:
                         with torch.no_grad():
-                            prox = self.prox_model.logp_entropy(obs[idx], actions[idx])[0]
+                            prox = self.prox_model.logp_entropy(obs[idx], actions[idx], m_idx)[0]
                     else:
                         prox = b_start[idx]
                     info = algo.decoupled_loss(logp, prox, b_old[idx], a, loss_cfg.clip_eps, loss_cfg.is_cap, dual_c)
@@ -364,7 +370,7 @@ class Learner:
         update_kl = None
         if lc.lr_schedule == LrSchedule.kl_adaptive:  # how far the whole update moved the policy, measured after it
             with torch.no_grad():
-                update_kl = float(algo.approx_kl_k3(self.model.logp_entropy(obs, actions)[0], b_start))
+                update_kl = float(algo.approx_kl_k3(self.model.logp_entropy(obs, actions, masks)[0], b_start))
             self._adapt_lr(update_kl)
         if self.diverged_at is None and not np.isfinite(sums["policy_loss"] + sums["value_loss"]):
             self.diverged_at = self.updates + 1  # said once, kept in summary.json: the run goes on (its returns

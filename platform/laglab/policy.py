@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -51,10 +51,11 @@ class ActorCritic(nn.Module):
     def clamped_log_std(self) -> Tensor:
         return torch.clamp(self.log_std, LOG_STD_MIN, LOG_STD_MAX)
 
-    def logp_entropy(self, obs: Tensor, actions: Tensor) -> Tuple[Tensor, Tensor]:
+    def logp_entropy(self, obs: Tensor, actions: Tensor, mask: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        """``mask`` [B, n] bool (masked envs): log-probs and entropy of the distribution over the legal actions."""
         out = self.pi(obs.flatten(1))
         if self.discrete:
-            return categorical_logp_entropy(out, actions)
+            return categorical_logp_entropy(out, actions, mask)
         log_std = self.clamped_log_std().expand_as(out)
         return gaussian_logp(actions, out, log_std), gaussian_entropy(log_std)
 

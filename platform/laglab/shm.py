@@ -163,6 +163,8 @@ class FragmentLayout:
                   ("trunc_obs", (T,) + obs, np.float32), ("last_obs", obs, np.float32)]
         if not spec.discrete:
             fields += [("mean", (T, spec.n_actions), np.float32), ("log_std", (T, spec.n_actions), np.float32)]
+        if spec.masked:
+            fields += [("masks", (T, spec.n_actions), np.bool_)]
         off = 0
         self.fields: List[Field] = []
         for name, shape, dt in fields:
@@ -221,6 +223,8 @@ class SlotPool:
         if frag.mean is not None and "mean" in v:
             v["mean"][...] = frag.mean
             v["log_std"][...] = frag.log_std
+        if frag.masks is not None and "masks" in v:
+            v["masks"][...] = frag.masks
         self.state[slot] = 1
         return k
 
@@ -233,6 +237,8 @@ class SlotPool:
         arrays["trunc_obs"] = np.array(v["trunc_obs"][:k])
         if "mean" in v:
             arrays["mean"], arrays["log_std"] = np.array(v["mean"]), np.array(v["log_std"])
+        if "masks" in v:
+            arrays["masks"] = np.array(v["masks"])
         self.state[slot] = 0
         return Fragment.sealed(id=fid, **arrays)
 

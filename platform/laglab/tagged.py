@@ -4,7 +4,7 @@ that every transition it trains on is the one the fragment's identity claims, th
 bootstrapping and reassembly."""
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import gymnasium as gym
 import numpy as np
@@ -21,12 +21,17 @@ class TaggedEnv(gym.Env):
     object, ``t`` is the step within the episode. The cue is +-1; the right action is 1 when it is
     positive: reward 1 and the episode goes on, a wrong action ends it (terminated, reward 0); after
     ``horizon`` steps it is truncated. Optimal return = horizon; a uniform policy averages ~1.
+
+    ``masked=True`` (the masked variant, ``env.kwargs.masked=true``): ``info["action_mask"]`` names the legal
+    actions, a function of the tags: at odd steps only the right action is legal, at even steps both are; so the
+    audit can check that every mask the learner trains with is the one of its own observation.
     """
 
     metadata = {"render_modes": []}
 
-    def __init__(self, horizon: int = 32):
+    def __init__(self, horizon: int = 32, masked: bool = False):
         self.horizon = horizon
+        self.masked = bool(masked)
         self.observation_space = gym.spaces.Box(-1.0, 1e4, shape=(4,), dtype=np.float32)
         self.action_space = gym.spaces.Discrete(2)
         self.instance = 0
@@ -46,7 +51,10 @@ class TaggedEnv(gym.Env):
         self.episode += 1
         self.t = 0
         self._cue = float(self.np_random.choice([-1.0, 1.0]))
-        return self._obs(), {}
+        return self._obs(), self._info()
+
+    def _info(self) -> dict:
+        return {"action_mask": expected_mask(self._obs()[None])[0]} if self.masked else {}
 
     def step(self, action):
         right = int(action) == int(self._cue > 0)
@@ -54,7 +62,7 @@ class TaggedEnv(gym.Env):
         self._cue = float(self.np_random.choice([-1.0, 1.0]))
         terminated = not right
         truncated = right and self.t >= self.horizon
-        return self._obs(), float(right), terminated, truncated, {}
+        return self._obs(), float(right), terminated, truncated, self._info()
 
 
 if TAGGED_ID not in gym.registry:
@@ -64,6 +72,14 @@ if TAGGED_ID not in gym.registry:
 def tags(obs: np.ndarray) -> np.ndarray:
     """[..., 3] integer tags (instance, episode mod 1e4, step) of tagged observations [..., 4]."""
     return np.rint(np.asarray(obs)[..., 1:4].astype(np.float64) * TAG_SCALE).astype(np.int64)
+
+
+def expected_mask(obs: np.ndarray) -> np.ndarray:
+    """[B, 2] the masked variant's legal actions at tagged observations [B, 4]: at odd steps only the right one."""
+    obs = np.asarray(obs)
+    right = np.stack([obs[:, 0] <= 0, obs[:, 0] > 0], axis=1)
+    odd = (tags(obs)[:, 2] % 2 == 1)[:, None]
+    return np.where(odd, right, True)
 
 
 def expected_tags(episode_id: int, episode_t0: int, done: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
@@ -89,7 +105,7 @@ def audit_tags(obs: np.ndarray, instance: int, episode_id: int, episode_t0: int,
 
 def audit_batch(obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, trunc_obs: np.ndarray,
                 trunc_pos: np.ndarray, last_obs: np.ndarray, frags: Sequence, envs_per_actor: int,
-                succ: np.ndarray) -> int:
+                succ: np.ndarray, masks: Optional[np.ndarray] = None) -> int:
     """Misattributed items in an assembled batch, as the learner will train on it.
 
     ``obs`` [T*N, 4] (raw, as reshaped for the update), ``actions`` [T*N], ``rewards`` [T, N] (raw),
@@ -98,12 +114,19 @@ def audit_batch(obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, trunc
     - each step whose observation tags disagree with fragment n's identity at step t (stacking/reshaping),
     - each step whose reward disagrees with its action and cue (obs, action and reward out of line),
     - each bootstrap or truncation observation whose tags are not the step after the one it follows,
-    - each joined pair whose first fragment's last observation is not its successor's first observation.
+    - each joined pair whose first fragment's last observation is not its successor's first observation,
+    - (the masked variant: ``masks`` [T*N, 2]) each step whose mask is not the one of its own observation, and each
+      action its mask forbids.
     """
     T, N = rewards.shape
     o = np.asarray(obs).reshape(T, N, -1)
     a = np.asarray(actions).reshape(T, N)
     bad = 0
+    if masks is not None:
+        m = np.asarray(masks, bool).reshape(T * N, -1)
+        flat_o = o.reshape(T * N, -1)
+        bad += int((m != expected_mask(flat_o)).any(axis=1).sum())
+        bad += int((~m[np.arange(T * N), a.reshape(-1)]).sum())
     for n, f in enumerate(frags):
         fid = f.id
         done = np.asarray(f.terminated) | np.asarray(f.truncated)

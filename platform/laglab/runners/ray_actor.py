@@ -27,7 +27,7 @@ from ..fragment import Fragment, FragmentId
 from ..inference import SnapshotCodec
 
 ARRAYS = ("obs", "actions", "rewards", "terminated", "truncated", "logp", "values", "trunc_obs", "disc_return",
-          "last_obs", "mean", "log_std")
+          "last_obs", "mean", "log_std", "masks")
 HEADER = ("actor_id", "incarnation", "env_index", "episode_id", "episode_t0", "t_start", "t_end",
           "behavior_version", "schema_version")
 
@@ -39,7 +39,7 @@ def to_wire(f: Fragment) -> Tuple[np.ndarray, Tuple[Optional[np.ndarray], ...]]:
 
 
 def from_wire(item: Any) -> Fragment:
-    """The fragment a worker sent; ValueError for anything that is not (int64[9], 12 arrays or None). The
+    """The fragment a worker sent; ValueError for anything that is not (int64[9], 13 arrays or None). The
     contents are admission's to judge, as with every runner."""
     try:
         header, arrays = item
