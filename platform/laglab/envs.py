@@ -141,6 +141,30 @@ class MaskedPickEnv(gym.Env):
         return obs, r, False, self.t >= self.horizon, info
 
 
+class HiddenVelocities(gym.ObservationWrapper):
+    """CartPole with its velocities hidden (the standard partially observed variant): the observation is the cart
+    position and the pole angle only, so a memoryless policy cannot tell which way the pole is falling."""
+
+    KEEP = (0, 2)
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        box = env.observation_space
+        self.observation_space = gym.spaces.Box(box.low[list(self.KEEP)], box.high[list(self.KEEP)], dtype=np.float32)
+
+    def observation(self, obs):
+        return np.asarray(obs, np.float32)[list(self.KEEP)]
+
+
+def _cartpole_pomdp(**kwargs) -> gym.Env:
+    return HiddenVelocities(gym.make("CartPole-v1", **kwargs))
+
+
+CARTPOLE_POMDP_ID = "laglab/CartPolePOMDP-v0"
+if CARTPOLE_POMDP_ID not in gym.registry:
+    gym.register(CARTPOLE_POMDP_ID, entry_point=_cartpole_pomdp)
+
+
 MASKED_PICK_ID = "laglab/MaskedPick-v0"
 if MASKED_PICK_ID not in gym.registry:
     gym.register(MASKED_PICK_ID, entry_point=MaskedPickEnv)

@@ -1,0 +1,92 @@
+"""Recurrent cores in numpy, for the actors' side of a recurrent policy (actor processes never import torch): one
+step of a GRU or an LSTM cell with torch's weight layout and gate order, so a snapshot of ``torch.nn.GRUCell`` /
+``torch.nn.LSTMCell`` weights (``weight_ih``, ``weight_hh``, ``bias_ih``, ``bias_hh``) runs here unchanged.
+
+torch.nn.GRUCell (gates r, z, n stacked in that order along the first axis of each weight):
+    r = sigmoid(W_ir x + b_ir + W_hr h + b_hr)
+    z = sigmoid(W_iz x + b_iz + W_hz h + b_hz)
+    n = tanh(W_in x + b_in + r * (W_hn h + b_hn))
+    h' = (1 - z) * n + z * h
+torch.nn.LSTMCell (gates i, f, g, o):
+    i, f, o = sigmoid(...), g = tanh(...);  c' = f * c + i * g;  h' = o * tanh(c')
+
+A recurrent state is one float32 array per env: ``[H]`` for a GRU, ``[2, H]`` (h then c) for an LSTM; it is zero
+at an episode's start. The policy's state at a fragment's first step travels with the fragment (the history
+contract of issue 21); this module is the arithmetic only.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+KINDS = ("gru", "lstm")
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    # two branches, so that neither exp overflows for large |x|
+    out = np.empty_like(x)
+    pos = x >= 0
+    out[pos] = 1.0 / (1.0 + np.exp(-x[pos]))
+    e = np.exp(x[~pos])
+    out[~pos] = e / (1.0 + e)
+    return out
+
+
+def state_shape(kind: str, hidden: int) -> tuple:
+    if kind not in KINDS:
+        raise ValueError(f"recurrent kind {kind!r}; allowed: {', '.join(KINDS)}")
+    return (hidden,) if kind == "gru" else (2, hidden)
+
+
+def zero_state(kind: str, hidden: int, batch: int) -> np.ndarray:
+    return np.zeros((batch,) + state_shape(kind, hidden), np.float32)
+
+
+class Cell:
+    """One recurrent cell's weights (torch's names, without a prefix) and its step on a batch."""
+
+    def __init__(self, kind: str, weights: Mapping[str, np.ndarray]):
+        if kind not in KINDS:
+            raise ValueError(f"recurrent kind {kind!r}; allowed: {', '.join(KINDS)}")
+        self.kind = kind
+        self.w_ih = np.ascontiguousarray(np.asarray(weights["weight_ih"], np.float32).T)  # [in, G*H]
+        self.w_hh = np.ascontiguousarray(np.asarray(weights["weight_hh"], np.float32).T)  # [H, G*H]
+        self.b_ih = np.asarray(weights["bias_ih"], np.float32)
+        self.b_hh = np.asarray(weights["bias_hh"], np.float32)
+        gates = 3 if kind == "gru" else 4
+        self.hidden = self.w_hh.shape[0]
+        if self.w_hh.shape[1] != gates * self.hidden or self.w_ih.shape[1] != gates * self.hidden:
+            raise ValueError(f"{kind} weights of shapes {self.w_ih.shape[::-1]}, {self.w_hh.shape[::-1]}: "
+                             f"not {gates} gates of {self.hidden}")
+
+    def step(self, x: np.ndarray, state: np.ndarray) -> np.ndarray:
+        """The next state ([B, H] GRU, [B, 2, H] LSTM) from inputs ``x`` [B, in] and ``state``."""
+        H = self.hidden
+        gi = x @ self.w_ih + self.b_ih
+        if self.kind == "gru":
+            h = state
+            gh = h @ self.w_hh + self.b_hh
+            r = _sigmoid(gi[:, :H] + gh[:, :H])
+            z = _sigmoid(gi[:, H:2 * H] + gh[:, H:2 * H])
+            n = np.tanh(gi[:, 2 * H:] + r * gh[:, 2 * H:])
+            return ((1.0 - z) * n + z * h).astype(np.float32)
+        h, c = state[:, 0], state[:, 1]
+        g = gi + h @ self.w_hh + self.b_hh
+        i, f = _sigmoid(g[:, :H]), _sigmoid(g[:, H:2 * H])
+        gg, o = np.tanh(g[:, 2 * H:3 * H]), _sigmoid(g[:, 3 * H:])
+        c2 = f * c + i * gg
+        h2 = o * np.tanh(c2)
+        return np.stack([h2, c2], axis=1).astype(np.float32)
+
+    @staticmethod
+    def output(kind: str, state: np.ndarray) -> np.ndarray:
+        """What the heads read: h ([B, H])."""
+        return state if kind == "gru" else state[:, 0]
+
+
+def reset_where(state: np.ndarray, done: np.ndarray) -> np.ndarray:
+    """``state`` with the rows of envs whose episode just ended set to zero (their next step starts an episode)."""
+    out = state.copy()
+    out[np.asarray(done, bool)] = 0.0
+    return out
