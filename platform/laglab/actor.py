@@ -10,8 +10,8 @@ from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from . import timeline
-from .config import Config
-from .envs import EnvGroup, discounted_return, normalize
+from .config import Config, ConfigError
+from .envs import EnvGroup, EnvSpec, discounted_return, normalize
 from .fragment import Fragment, FragmentId
 from .inference import InferencePolicy, Snapshot
 
@@ -64,7 +64,9 @@ def seed_for(base: int, actor_id: int, incarnation: int) -> int:
 
 
 class Actor:
-    def __init__(self, cfg: Config, actor_id: int, incarnation: int):
+    def __init__(self, cfg: Config, actor_id: int, incarnation: int, expect: Optional[EnvSpec] = None):
+        """``expect``: the learner's view of the env (whether it names action masks); an env whose first reset here
+        disagrees is a :class:`ConfigError` (the two would read each other's fragments wrong)."""
         self.cfg = cfg
         self.actor_id = actor_id
         self.incarnation = incarnation
@@ -80,6 +82,11 @@ class Actor:
         self.first_step_t: Optional[float] = None  # monotonic time of this actor's first env step
         self.obs = self.envs.reset()
         self.spec = self.envs.spec  # (whether the env names its legal actions is known once it has been reset)
+        if expect is not None and expect.masked != self.spec.masked:
+            self.envs.close()
+            raise ConfigError(f"env {cfg.env.id!r} named its legal actions (info[\"action_mask\"]) at one reset and not at "
+                              "another (the learner's probe and this actor's first reset disagree): a masked env must "
+                              "name them after every reset and step (or set env.action_mask=false)")
         self.t = np.zeros(n, dtype=np.int64)  # env-instance step counters
         self.episode_id = np.zeros(n, dtype=np.int64)
         self.episode_t = np.zeros(n, dtype=np.int64)

@@ -170,7 +170,10 @@ def categorical_logp_entropy(logits: Tensor, actions: Tensor, mask: Optional[Ten
         logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    terms = logp_all.exp() * logp_all
+    if mask is not None:  # 0 * (most negative) is 0 in float32, but not in every dtype: the illegal terms are 0
+        terms = torch.where(mask, terms, torch.zeros_like(terms))
+    entropy = -terms.sum(-1)
     return logp, entropy
 
 

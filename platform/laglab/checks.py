@@ -60,8 +60,9 @@ def fragment_bytes(spec: EnvSpec, rollout_len: int, truncations: int) -> int:
     flags = np.zeros(T, bool)
     actions = np.zeros(T, np.int64) if spec.discrete else f32(T, spec.n_actions)
     gauss = None if spec.discrete else f32(T, spec.n_actions)
+    masks = np.zeros((T, spec.n_actions), bool) if spec.masked else None
     frag = Fragment(FragmentId(0, 0, 0, 0, 0, 0, T - 1, 0), f32(T, *obs), actions, f32(T), flags, flags, f32(T),
-                    f32(T), f32(truncations, *obs), f32(T), f32(*obs), gauss, gauss)
+                    f32(T), f32(truncations, *obs), f32(T), f32(*obs), gauss, gauss, masks)
     return frag.nbytes
 
 

@@ -103,7 +103,7 @@ class MaskedPickEnv(gym.Env):
     at least one). The reward is the picked item's value (in [0, 1]). Items that may not be picked look better
     (their values are in [0.5, 1.5]: a policy that ignores the mask is drawn to them), and picking one ends the
     episode with reward -1 (terminated). Episodes are truncated after ``horizon`` steps. Under the mask the best
-    policy picks the most valuable legal item (about 0.73 per step); without it a policy must tell legality from
+    policy picks the most valuable legal item (about 0.72 per step); without it a policy must tell legality from
     the values alone, which is ambiguous wherever they overlap ([0.5, 1]), and every mistake ends the episode."""
 
     metadata = {"render_modes": []}
@@ -273,17 +273,27 @@ class StepResult:
     masks: Optional[np.ndarray] = None  # [E, n_actions] bool: the legal actions at next_obs (masked envs)
 
 
+def _sometimes(env_id: str) -> str:
+    return (f"env {env_id!r} named its legal actions (info[{MASK_KEY!r}]) on a step or reset but not at its first "
+            "reset: a masked env must name them after every reset and step (or set env.action_mask=false)")
+
+
 def action_mask(info: Dict[str, Any], n: int, env_id: str) -> np.ndarray:
     """The legal actions an env's ``info`` names, as bool [n]; a ConfigError when a masked env stops providing
     them or provides the wrong shape (a mask that allows nothing is passed on: admission refuses its fragment)."""
     if MASK_KEY not in info:
-        raise ConfigError(f"env {env_id!r} provided info[{MASK_KEY!r}] at reset but not on a later step: a masked "
-                          "env must provide it after every reset and step (or set env.action_mask=false)")
+        raise ConfigError(f"env {env_id!r} named its legal actions (info[{MASK_KEY!r}]) at its first reset but not "
+                          "on a later reset or step: a masked env must name them after every reset and step (or set "
+                          "env.action_mask=false)")
     m = np.asarray(info[MASK_KEY])
     if m.shape != (n,):
         raise ConfigError(f"env {env_id!r}: info[{MASK_KEY!r}] has shape {m.shape}; allowed: ({n},), one entry per "
                           "action")
-    return m.astype(bool)
+    m = m.astype(bool)
+    if not m.any():
+        raise ConfigError(f"env {env_id!r}: info[{MASK_KEY!r}] allows no action (every entry false): a masked env "
+                          "must leave at least one action legal")
+    return m
 
 
 class EnvGroup:
@@ -311,6 +321,8 @@ class EnvGroup:
         for i, env in enumerate(self.envs):
             env.action_space.seed(self._seed + i)
         self.spec = EnvSpec.of(self.envs[0], out[0][1], self._use_mask)
+        if self._use_mask and not self.spec.masked and any(MASK_KEY in info for _, info in out):
+            raise ConfigError(_sometimes(self._id))
         if self.spec.masked:
             self.masks = np.stack([action_mask(info, self.spec.n_actions, self._id) for _, info in out])
         return np.stack([o for o, _ in out]).astype(np.float32)
@@ -338,6 +350,8 @@ class EnvGroup:
             next_obs[i] = o
             if masked:
                 masks[i] = action_mask(info, self.spec.n_actions, self._id)
+            elif self._use_mask and self.spec.discrete and MASK_KEY in info:
+                raise ConfigError(_sometimes(self._id))
         if masked:
             if which is None:
                 self.masks = masks

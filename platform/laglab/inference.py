@@ -97,7 +97,10 @@ class InferencePolicy:
             z = out - out.max(axis=1, keepdims=True)
             logp_all = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
             cdf = np.exp(logp_all).cumsum(axis=1)
-            u = rng.random((x.shape[0], 1), dtype=np.float32) * cdf[:, -1:]
+            r = rng.random((x.shape[0], 1), dtype=np.float32)
+            if mask is not None:  # u in (0, total]: u = 0 would pick action 0 even where its mask forbids it
+                r = 1.0 - r
+            u = r * cdf[:, -1:]
             a = np.minimum((cdf < u).sum(axis=1), self.spec.n_actions - 1)
             return a.astype(np.int64), logp_all[np.arange(x.shape[0]), a], value, None, None
         log_std = np.broadcast_to(self.log_std, out.shape)

@@ -36,12 +36,15 @@ def build_model(cfg: Config, spec: EnvSpec) -> ActorCritic:
     return ActorCritic(spec, p.hidden_sizes, p.activation, p.log_std_init)
 
 
+FINGERPRINT_BEFORE = {"masked": False}  # fingerprint keys older checkpoints lack, with the value they had then
+
+
 def fingerprint(cfg: Config, spec: EnvSpec) -> Dict[str, Any]:
     """What a checkpoint must agree on with the run that resumes from it (the task, the network, the
     normalizers' meaning, the algorithm)."""
     return {"env.id": cfg.env.id, "env.kwargs": dict(sorted((cfg.env.kwargs or {}).items())),
             "env.max_episode_steps": cfg.env.max_episode_steps, "obs_shape": list(spec.obs_shape),
-            "discrete": spec.discrete, "n_actions": spec.n_actions,
+            "discrete": spec.discrete, "n_actions": spec.n_actions, "masked": spec.masked,
             "action_low": None if spec.action_low is None else [float(x) for x in spec.action_low],
             "action_high": None if spec.action_high is None else [float(x) for x in spec.action_high],
             "policy.hidden_sizes": list(cfg.policy.hidden_sizes), "policy.activation": cfg.policy.activation,
@@ -507,6 +510,7 @@ def read_checkpoint(path: Path, cfg: Config, spec: EnvSpec, purpose: str = "resu
         raise ConfigError(f"invalid config: {purpose}: {path} was written by an older laglab (no config "
                           "fingerprint); it cannot be checked against this run")
     saved, now = json.loads(state["fingerprint"]), fingerprint(cfg, spec)
+    saved = {**FINGERPRINT_BEFORE, **saved}  # (keys added since: what checkpoints made before them meant)
     diff = [f"{k}: checkpoint {saved.get(k)!r}, this run {v!r}" for k, v in now.items()
             if saved.get(k) != v and k not in free]
     if diff:

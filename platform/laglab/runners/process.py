@@ -206,7 +206,7 @@ class _Runner:
         r, w = self.ctx.Pipe(duplex=False)
         bell = Bell(self.ctx)
         proc = self.ctx.Process(target=process_actor.main, name=f"laglab-actor-{slot.actor_id}",
-                                args=(self.cfg, slot.actor_id, inc, self.names, self.shapes, self.spec.obs_shape,
+                                args=(self.cfg, slot.actor_id, inc, self.names, self.shapes, self.spec,
                                       self.per, w, bell.wait_end, self.lifeline.child_end, self.log_path,
                                       {**os.environ, **ACTOR_ENV}),
                                 daemon=True)

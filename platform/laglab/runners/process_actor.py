@@ -75,7 +75,7 @@ def _redirect_output(log_path: Optional[str]) -> None:
     os.close(fd)
 
 
-def main(cfg: Config, actor_id: int, inc: int, names: Names, shapes, obs_shape, per_actor: int, conn,
+def main(cfg: Config, actor_id: int, inc: int, names: Names, shapes, spec, per_actor: int, conn,
          bell_end, life_end, log_path: Optional[str] = None, environ: Optional[Dict[str, str]] = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the learner's to handle; it stops us
     signal.signal(signal.SIGTERM, lambda *_: _TERM.append(1))  # a group SIGTERM: stop as at shutdown
@@ -98,8 +98,9 @@ def main(cfg: Config, actor_id: int, inc: int, names: Names, shapes, obs_shape, 
             pass
     books: Optional[_Books] = None
     try:
-        actor = Actor(cfg, actor_id, inc)
-        layout = FragmentLayout(actor.spec, cfg.actor.rollout_len)
+        actor = Actor(cfg, actor_id, inc, expect=spec)  # (the learner's spec: the slots' layout is the learner's)
+        layout = FragmentLayout(spec, cfg.actor.rollout_len)
+        obs_shape = spec.obs_shape
         pool = SlotPool(layout, cfg.actors, per_actor, names.slots, create_new=False)
         snap_block = SeqBlock(SnapshotCodec(shapes, obs_shape).size, "float32", names.snapshot, create_new=False)
         credits = SeqBlock(2 * cfg.actors, "int64", names.credits, create_new=False)

@@ -226,7 +226,7 @@ class _Runner:
     # ---- workers ------------------------------------------------------------------------------------------------
     def start(self, slot: _Slot) -> None:
         inc = self.ledger.new_incarnation(slot.actor_id)
-        handle = self.remote_cls.remote(self.cfg, slot.actor_id, inc, self.shapes, self.spec.obs_shape)
+        handle = self.remote_cls.remote(self.cfg, slot.actor_id, inc, self.shapes, self.spec)
         w = _Worker(slot.actor_id, inc, handle)
         w.inflight[handle.ready.remote()] = ("ready", 0)  # its answer (or failure) says whether it started
         with self.lock:

@@ -115,10 +115,10 @@ class SnapshotBoard:
 class RolloutWorker:
     """One life (incarnation) of an actor slot, as a Ray actor (``ray.remote(RolloutWorker)``)."""
 
-    def __init__(self, cfg: Config, actor_id: int, inc: int, shapes: Dict[str, tuple], obs_shape: tuple):
+    def __init__(self, cfg: Config, actor_id: int, inc: int, shapes: Dict[str, tuple], spec):
         self.cfg, self.actor_id, self.inc = cfg, actor_id, inc
-        self.actor = Actor(cfg, actor_id, inc)
-        self.codec = SnapshotCodec(shapes, obs_shape)
+        self.actor = Actor(cfg, actor_id, inc, expect=spec)
+        self.codec = SnapshotCodec(shapes, spec.obs_shape)
         self.ch = ChaosChannel(cfg.chaos, cfg.seed, actor_id, inc)
         self.produced = 0
         self.in_hand = 0

@@ -63,7 +63,7 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
                     learner.allocate_incarnation)
     chaos_counts, chaos_lock = ChaosCounts(), threading.Lock()
     intensity = RestartIntensity(cfg.runner.actors_max_restarts, cfg.runner.restart_window_s)
-    slots: List[Incarnation] = [Incarnation(cfg, i, ledger, chaos_counts, chaos_lock) for i in range(cfg.actors)]
+    slots: List[Incarnation] = [Incarnation(cfg, i, ledger, chaos_counts, chaos_lock, spec) for i in range(cfg.actors)]
     snap = [learner.snapshot()]
     admission = Admission(spec, cfg.actors, cfg.actor.envs_per_actor, cfg.transport.duplicates, cfg.actor.rollout_len)
     driver = LearnerDriver(cfg, learner, tracker, budget, admission, ledger, publish=lambda s: snap.__setitem__(0, s),
@@ -88,7 +88,7 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
                 except Exception as e:  # noqa: BLE001 - a scripted kill or a real crash: restart in place
                     slots[i].close("actor_crash", endpoint)
                     intensity.record(i, f"{type(e).__name__}: {e}")
-                    slots[i] = Incarnation(cfg, i, ledger, chaos_counts, chaos_lock)
+                    slots[i] = Incarnation(cfg, i, ledger, chaos_counts, chaos_lock, spec)
                     more = True
                 if not more or snap[0] is not current:
                     break  # budget spent, or a batch completed: the rest is collected under the new snapshot

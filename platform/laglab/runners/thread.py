@@ -122,7 +122,7 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
 
     def start(slot: Slot) -> None:
         slot.error = None
-        inc = Incarnation(cfg, slot.actor_id, ledger, chaos_counts, chaos_lock)
+        inc = Incarnation(cfg, slot.actor_id, ledger, chaos_counts, chaos_lock, spec)
         incarnations.append(inc)
         slot.inc, slot.stats = inc, inc.stats
         slot.thread = threading.Thread(target=actor_main, args=(slot, inc), name=f"actor-{slot.actor_id}",

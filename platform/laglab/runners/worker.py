@@ -34,13 +34,13 @@ class Endpoint(Protocol):
 
 class Incarnation:
     def __init__(self, cfg: Config, actor_id: int, ledger: Ledger, chaos_counts: ChaosCounts,
-                 chaos_lock: threading.Lock):
+                 chaos_lock: threading.Lock, spec=None):
         self.cfg = cfg
         self.actor_id = actor_id
         self.ledger = ledger
         self.incarnation = ledger.new_incarnation(actor_id)
         self.channel = ChaosChannel(cfg.chaos, cfg.seed, actor_id, self.incarnation)
-        self.actor = Actor(cfg, actor_id, self.incarnation)
+        self.actor = Actor(cfg, actor_id, self.incarnation, expect=spec)
         self.actor.heartbeat = self.beat
         self.in_hand: List[Fragment] = []
         self.produced = 0
