@@ -320,3 +320,16 @@ def test_a_masked_policy_learns_the_masked_task_and_evaluation_keeps_to_the_mask
     off = run(cfg_of(**{**over, "env": {"id": "laglab/MaskedPick-v0", "action_mask": False}}), tmp_path / "off")
     assert s["episodes"] < off["episodes"]  # unmasked episodes end early at illegal picks
     assert s["final_return_mean"] > 31
+
+
+@pytest.mark.parametrize("runner", ["sync", "process"])
+def test_chaos_on_a_masked_env_clears_mask_entries_and_admission_refuses_each_as_mask(tmp_path, runner):
+    from laglab.chaos import EXPECTED_REASON
+
+    cfg = on(runner, env={"id": TAGGED_ID, "kwargs": {"masked": True}}, total_env_steps=16384,
+             chaos={"corrupt_p": 0.3})
+    s = run(cfg, tmp_path / runner)
+    t, c = s["transport"], s["chaos"]
+    assert c["corrupted_steps"].get("mask", 0) > 0
+    assert {EXPECTED_REASON[k]: n for k, n in c["corrupted_steps"].items()} == t["rejected"]
+    assert balanced(t) and t["misattributed"] == 0

@@ -19,9 +19,16 @@ import numpy as np
 from .config import ChaosConfig
 from .fragment import Fragment
 
-CORRUPTIONS = ("nan", "shape", "prob", "schema")
+CORRUPTIONS = ("nan", "shape", "prob", "schema")  # what any fragment can suffer
+MASKED_CORRUPTIONS = CORRUPTIONS + ("mask",)  # ... and a masked env's: its action's mask entry cleared
+COUNTED = MASKED_CORRUPTIONS  # every kind a count is kept for
 # the admission reason each corruption must be refused with
-EXPECTED_REASON = {"nan": "non_finite", "shape": "shape", "prob": "logp", "schema": "schema"}
+EXPECTED_REASON = {"nan": "non_finite", "shape": "shape", "prob": "logp", "schema": "schema", "mask": "mask"}
+
+
+def kinds_for(masked: bool, base: Tuple[str, ...] = CORRUPTIONS) -> Tuple[str, ...]:
+    """The corruptions a link of this env can carry (``base``: what the link's form allows)."""
+    return base + ("mask",) if masked else base
 
 
 class ActorKilled(RuntimeError):
@@ -72,7 +79,14 @@ def corrupt(frag: Fragment, kind: str) -> Fragment:
         return dataclasses.replace(frag, logp=logp)
     if kind == "schema":
         return dataclasses.replace(frag, id=dataclasses.replace(frag.id, schema_version=frag.id.schema_version + 100))
-    raise ValueError(f"unknown corruption {kind!r}; allowed: {', '.join(CORRUPTIONS)}")
+    if kind == "mask" and frag.masks is not None:
+        masks = frag.masks.copy()
+        t = len(masks) // 2
+        masks[t, int(frag.actions[t])] = False  # the action taken is now one its mask forbids
+        if not masks[t].any():
+            masks[t, (int(frag.actions[t]) + 1) % masks.shape[1]] = True
+        return dataclasses.replace(frag, masks=masks)
+    raise ValueError(f"unknown corruption {kind!r} (of this fragment); allowed: {', '.join(MASKED_CORRUPTIONS)}")
 
 
 class ChaosChannel:

@@ -323,8 +323,9 @@ class StatusBlock:
     FIELDS = ("beat", "steps", "rollouts", "episodes", "env_s", "infer_s", "throttle_s", "blocked_s", "version",
               "loads", "snapshot_s", "refreshes", "discarded_steps", "incarnation", "torch_loaded", "first_step",
               "duplicated", "reordered", "delayed", "dropped_steps", "kills", "hangs", "lost_held_steps",
-              "corrupted_nan", "corrupted_shape", "corrupted_prob", "corrupted_schema",
-              "corrupted_steps_nan", "corrupted_steps_shape", "corrupted_steps_prob", "corrupted_steps_schema")
+              "corrupted_nan", "corrupted_shape", "corrupted_prob", "corrupted_schema", "corrupted_mask",
+              "corrupted_steps_nan", "corrupted_steps_shape", "corrupted_steps_prob", "corrupted_steps_schema",
+              "corrupted_steps_mask")
     INDEX = {f: i for i, f in enumerate(FIELDS)}
 
     def __init__(self, actors: int, name: str, create_new: bool):

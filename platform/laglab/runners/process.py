@@ -28,7 +28,7 @@ from .. import timeline, wire
 from ..accounting import Budget, Ledger
 from ..actor import ActorStats, Episode, steps_per_rollout
 from ..admission import Admission
-from ..chaos import CORRUPTIONS, ChaosCounts
+from ..chaos import COUNTED, ChaosCounts
 from ..config import Config
 from ..envs import EnvSpec
 from ..inference import SnapshotCodec
@@ -312,7 +312,7 @@ class _Runner:
         if int(r["incarnation"]) == child.inc:
             c = ChaosCounts(duplicated=int(r["duplicated"]), reordered=int(r["reordered"]), delayed=int(r["delayed"]),
                             dropped_steps=int(r["dropped_steps"]), kills=int(r["kills"]), hangs=int(r["hangs"]))
-            for k in CORRUPTIONS:
+            for k in COUNTED:
                 if r[f"corrupted_{k}"]:
                     c.corrupted[k] = int(r[f"corrupted_{k}"])
                     c.corrupted_steps[k] = int(r[f"corrupted_steps_{k}"])

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Tuple
 
 from .. import wire
 from ..actor import Actor, steps_per_rollout, throttle_state
-from ..chaos import CORRUPTIONS, ChaosChannel
+from ..chaos import CORRUPTIONS, COUNTED, ChaosChannel, kinds_for
 
 SLOT_CORRUPTIONS = tuple(k for k in CORRUPTIONS if k != "shape")  # a slot has the layout's shapes by construction
 from ..config import Config
@@ -107,7 +107,7 @@ def main(cfg: Config, actor_id: int, inc: int, names: Names, shapes, spec, per_a
         status = StatusBlock(cfg.actors, names.status, create_new=False)
         budget = SharedCounter(names.budget, create_new=False, actors=cfg.actors)
         codec = SnapshotCodec(shapes, obs_shape)
-        ch = ChaosChannel(cfg.chaos, cfg.seed, actor_id, inc, SLOT_CORRUPTIONS)
+        ch = ChaosChannel(cfg.chaos, cfg.seed, actor_id, inc, kinds_for(spec.masked, SLOT_CORRUPTIONS))
         books = _Books(ch)
         status.rows[actor_id, :] = 0.0  # the previous incarnation's row was read when it ended
         status.set(actor_id, beat=time.monotonic(), incarnation=inc, torch_loaded=float("torch" in sys.modules))
@@ -151,7 +151,7 @@ class _Loop:
                    duplicated=c.duplicated, reordered=c.reordered, delayed=c.delayed,
                    dropped_steps=c.dropped_steps, kills=c.kills, hangs=c.hangs,
                    first_step=self.actor.first_step_t or 0.0)
-        for k in CORRUPTIONS:
+        for k in COUNTED:
             row[f"corrupted_{k}"] = c.corrupted.get(k, 0)
             row[f"corrupted_steps_{k}"] = c.corrupted_steps.get(k, 0)
         self.status.set(self.actor_id, **row)

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..actor import Actor
-from ..chaos import ChaosChannel
+from ..chaos import ChaosChannel, kinds_for
 from ..config import Config
 from ..fragment import Fragment, FragmentId
 from ..inference import SnapshotCodec
@@ -119,7 +119,7 @@ class RolloutWorker:
         self.cfg, self.actor_id, self.inc = cfg, actor_id, inc
         self.actor = Actor(cfg, actor_id, inc, expect=spec)
         self.codec = SnapshotCodec(shapes, spec.obs_shape)
-        self.ch = ChaosChannel(cfg.chaos, cfg.seed, actor_id, inc)
+        self.ch = ChaosChannel(cfg.chaos, cfg.seed, actor_id, inc, kinds_for(self.actor.spec.masked))
         self.produced = 0
         self.in_hand = 0
         self.version = -1

@@ -12,7 +12,7 @@ from typing import Callable, List, Optional, Protocol, Sequence
 
 from ..accounting import Budget, Ledger
 from ..actor import Actor, ActorStats, steps_per_rollout
-from ..chaos import ActorKilled, ChaosChannel, ChaosCounts
+from ..chaos import ActorKilled, ChaosChannel, ChaosCounts, kinds_for
 from ..config import Config
 from ..fragment import Fragment
 from ..policy import Snapshot
@@ -39,8 +39,8 @@ class Incarnation:
         self.actor_id = actor_id
         self.ledger = ledger
         self.incarnation = ledger.new_incarnation(actor_id)
-        self.channel = ChaosChannel(cfg.chaos, cfg.seed, actor_id, self.incarnation)
         self.actor = Actor(cfg, actor_id, self.incarnation, expect=spec)
+        self.channel = ChaosChannel(cfg.chaos, cfg.seed, actor_id, self.incarnation, kinds_for(self.actor.spec.masked))
         self.actor.heartbeat = self.beat
         self.in_hand: List[Fragment] = []
         self.produced = 0
