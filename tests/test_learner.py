@@ -1,10 +1,13 @@
 """The learner on hand-made fragments: truncation folding, lag bookkeeping, normalizer in snapshots,
 continuous actions, checkpoints."""
+import math
+
 import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
 
+from laglab.actor import Actor
 from laglab.config import Config, validate
 from laglab.fragment import Fragment, FragmentId
 from laglab.learner import Learner
@@ -145,3 +148,60 @@ def test_continuous_update_and_checkpoint_round_trip(tmp_path):
     for (k, a), (_, b) in zip(learner.model.state_dict().items(), other.model.state_dict().items()):
         assert torch.equal(a, b), k
     assert not list(tmp_path.glob("*.tmp"))  # written atomically
+
+
+def _slow_targets(learner, frags, estimator):
+    """GAE or V-trace targets fragment by fragment, the slow way, from the paper's recursions: a truncated step's
+    reward gets gamma * V(its final observation), every done cuts the discount, the last step bootstraps from
+    V(last obs). (The fragments are one rollout's: different env instances, so none continues another.)"""
+    a = learner.cfg.algo.advantage
+    V = lambda o: learner.model.value(torch.from_numpy(np.array(o, np.float32).reshape(1, -1)))[0].item()  # noqa: E731
+    out_adv, out_ret = [], []
+    for f in frags:
+        T = len(f.rewards)
+        finals = iter(f.trunc_obs)
+        r = [float(f.rewards[t]) + (a.gamma * V(next(finals)) if f.truncated[t] else 0.0) for t in range(T)]
+        v = [V(f.obs[t]) for t in range(T)] + [V(f.last_obs)]
+        disc = [0.0 if (f.terminated[t] or f.truncated[t]) else a.gamma for t in range(T)]
+        obs_t = torch.from_numpy(np.array(f.obs))
+        cur = learner.model.logp_entropy(obs_t, torch.from_numpy(np.array(f.actions)))[0].tolist()
+        adv, ret = [0.0] * T, [0.0] * T
+        if estimator == "gae":
+            nxt = 0.0
+            for t in reversed(range(T)):
+                nxt = r[t] + disc[t] * v[t + 1] - v[t] + disc[t] * a.lam * nxt
+                adv[t], ret[t] = nxt, nxt + v[t]
+        else:
+            acc, vs = 0.0, [0.0] * T + [v[T]]
+            for t in reversed(range(T)):
+                ratio = math.exp(cur[t] - float(f.logp[t]))
+                acc = min(a.rho_bar, ratio) * (r[t] + disc[t] * v[t + 1] - v[t]) + disc[t] * a.lam * min(a.c_bar, ratio) * acc
+                vs[t] = acc + v[t]
+            for t in range(T):
+                adv[t], ret[t] = r[t] + disc[t] * vs[t + 1] - v[t], vs[t]
+        out_adv.append(adv)
+        out_ret.append(ret)
+    return np.array(out_adv).T, np.array(out_ret).T  # [T, N]
+
+
+@pytest.mark.parametrize("estimator", ["gae", "vtrace"])
+def test_targets_with_truncations_and_stale_data_match_the_slow_recursions(estimator):
+    from laglab.tagged import TAGGED_ID
+
+    cfg = cfg_of(env={"id": TAGGED_ID, "kwargs": {"horizon": 3}},
+                 algo={"advantage": {"estimator": estimator, "gamma": 0.9, "lam": 0.8, "rho_bar": 1.0, "c_bar": 0.9}},
+                 actor={"envs_per_actor": 4, "rollout_len": 16}, learner={"batch_size": 64})
+    spec = env_spec(cfg)
+    learner = Learner(cfg, spec)
+    actor = Actor(cfg, 0, 1)
+    actor.load(learner.snapshot())
+    frags = actor.collect().fragments
+    assert sum(int(f.truncated.sum()) for f in frags) >= 4  # (horizon 3: several truncations per fragment)
+    torch.manual_seed(5)
+    with torch.no_grad():  # the learner has moved on: the data is stale (ratios != 1), values are not constant
+        for p in learner.model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    adv, ret, _, _ = learner._targets(learner._batch(frags))
+    want_adv, want_ret = _slow_targets(learner, frags, estimator)
+    np.testing.assert_allclose(adv.numpy(), want_adv, atol=1e-4)
+    np.testing.assert_allclose(ret.numpy(), want_ret, atol=1e-4)
