@@ -264,7 +264,9 @@ def test_wandb_auto_without_credentials_says_it_is_offline_and_how_to_upload(tmp
 @pytest.mark.parametrize("module,name", [("analysis.doctor", "doctor"), ("analysis.report", "analysis")])
 def test_ctrl_c_in_the_analysis_commands_is_a_line_not_a_traceback(module, name):
     # a real SIGINT, delivered while the command's main runs (reading a big sweep takes seconds)
-    code = (f"import os, signal, sys; import {module} as m; "
+    # (Python's own SIGINT handler first: a shell that starts the suite in the background (`cmd &`) hands its
+    # children SIGINT ignored, and Python keeps an inherited ignore)
+    code = (f"import os, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); import {module} as m; "
             "m.main = lambda *a: (os.kill(os.getpid(), signal.SIGINT), __import__('time').sleep(5)); sys.exit(m._cli())")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 130 and "Traceback" not in p.stderr and f"{name}: interrupted" in p.stderr, p.stderr
