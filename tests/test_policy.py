@@ -22,7 +22,7 @@ def test_inference_policy_agrees_with_torch_model(spec, activation):
     snap = Snapshot.make(3, model, np.zeros(spec.obs_shape), np.ones(spec.obs_shape))
     pol = InferencePolicy(snap, spec, activation)
     obs = _obs(spec)
-    a, logp, v, mean, log_std = pol.act(obs, np.random.default_rng(1))
+    a, logp, v, mean, log_std, _ = pol.act(obs, np.random.default_rng(1))
     with torch.no_grad():
         t_logp, _ = model.logp_entropy(torch.from_numpy(obs), torch.from_numpy(a))
         t_v = model.value(torch.from_numpy(obs))
@@ -54,7 +54,7 @@ def test_log_std_is_clamped_everywhere():
         model.log_std.copy_(torch.tensor([-50.0, 10.0]))
     assert model.clamped_log_std().tolist() == [LOG_STD_MIN, LOG_STD_MAX]
     pol = InferencePolicy(Snapshot.make(0, model, np.zeros(5), np.ones(5)), CONTINUOUS)
-    *_, log_std = pol.act(_obs(CONTINUOUS, 4), np.random.default_rng(0))
+    log_std = pol.act(_obs(CONTINUOUS, 4), np.random.default_rng(0))[4]
     np.testing.assert_array_equal(log_std[0], [LOG_STD_MIN, LOG_STD_MAX])
 
 

@@ -14,6 +14,7 @@ from .config import Config, ConfigError
 from .envs import EnvGroup, EnvSpec, discounted_return, normalize
 from .fragment import Fragment, FragmentId
 from .inference import InferencePolicy, Snapshot
+from .recurrent import policy_state_shape
 
 
 @dataclass
@@ -93,6 +94,10 @@ class Actor:
         self.ep_return = np.zeros(n, dtype=np.float64)
         self.disc_return = np.zeros(n, dtype=np.float64)  # discounted raw return of the running episodes
         self.gamma = cfg.algo.advantage.gamma
+        # recurrent policies: each env's state before its next step (zero at an episode's start), carried across
+        # rollouts and snapshot loads: a state the previous version computed is what this one continues from
+        shape = policy_state_shape(cfg.policy)
+        self.h = None if shape is None else np.zeros((n,) + shape, np.float32)
         if not self.spec.discrete:
             self._low, self._high = self.spec.action_low, self.spec.action_high
 
@@ -102,7 +107,7 @@ class Actor:
         with the load in ``stats.snapshot_s``."""
         if self.snapshot is None or snap.version != self.snapshot.version:
             t0 = time.perf_counter()
-            self.policy = InferencePolicy(snap, self.spec, self.cfg.policy.activation)
+            self.policy = InferencePolicy(snap, self.spec, self.cfg.policy.activation, self.cfg.policy.recurrent)
             self.snapshot = snap
             self.stats.version = snap.version
             self.stats.loads += 1
@@ -155,6 +160,8 @@ class Actor:
         mask_buf = np.empty((T, E, spec.n_actions), dtype=bool) if spec.masked else None
         final_obs: List[List[np.ndarray]] = [[] for _ in range(E)]  # per env: final obs of its truncations
         start_t, start_ep, start_ept = self.t[sel].copy(), self.episode_id[sel].copy(), self.episode_t[sel].copy()
+        h = None if self.h is None else self.h[sel].copy()  # the state at the rollout's first step
+        start_h = h
         episodes: List[Episode] = []
         env_s = infer_s = 0.0
         obs = self.obs[sel]
@@ -170,7 +177,7 @@ class Actor:
             if mask_buf is not None:
                 mask = self.envs.masks[sel]
                 mask_buf[step] = mask
-            a_np, logp, v, mean, log_std = self.policy.act(self._norm(obs), self.rng, mask)
+            a_np, logp, v, mean, log_std, nxt = self.policy.act(self._norm(obs), self.rng, mask, h)
             if spec.discrete:
                 env_a = a_np
             else:
@@ -191,6 +198,9 @@ class Actor:
             trunc_buf[step] = res.truncated
             rew_buf[step] = res.rewards
             done = res.terminated | res.truncated
+            if nxt is not None:
+                h = np.where(done.reshape((-1,) + (1,) * (nxt.ndim - 1)), np.float32(0.0), nxt)
+                self.h[sel] = h
             acc = discounted_return(self.disc_return[sel], res.rewards, self.gamma)
             ret_buf[step] = acc
             self.disc_return[sel] = np.where(done, 0.0, acc)
@@ -240,6 +250,8 @@ class Actor:
                     mean=None if mean_buf is None else mean_buf[:, e].copy(),
                     log_std=None if lstd_buf is None else lstd_buf[:, e].copy(),
                     masks=None if mask_buf is None else mask_buf[:, e].copy(),
+                    state=None if start_h is None else start_h[e].copy(),
+                    final_state=None if h is None else h[e].copy(),
                 )
             )
         st = self.stats

@@ -3,7 +3,9 @@
 Checks, in order (the first failure names the reason):
 ``schema`` unknown schema version · ``identity`` actor/env index out of range, malformed interval or
 episode counters · ``length`` an array's length disagrees with the timestep interval · ``shape`` a shape or
-dtype disagrees with the env's spaces · ``non_finite`` observations, rewards, values or bootstrap values
+dtype disagrees with the env's spaces · ``state`` (recurrent policies) the state at the fragment's start or end
+missing, of the wrong shape or dtype, not finite, or not zero where an episode starts; a state sent
+to a feed-forward policy · ``non_finite`` observations, rewards, values or bootstrap values
 not finite · ``mask`` (envs with action masks) a step whose mask allows no action, or an action its mask does
 not allow (an action out of range is ``action``) · ``logp`` behavior log-probs not finite, or (discrete) a
 probability outside (0, 1] · ``action`` a discrete action out of range or a continuous one not finite · ``flags`` a step both
@@ -45,15 +47,18 @@ class AdmissionStats:
     unattributed: int = 0  # steps claimed by arrivals no stream owns (refused)
 
 
-def validate(frag: Fragment, spec: EnvSpec, n_actors: int, envs_per_actor: int, learner_version: int) -> Optional[str]:
-    """The reason ``frag`` must be refused, or None if it is well-formed. Never raises on bad input."""
+def validate(frag: Fragment, spec: EnvSpec, n_actors: int, envs_per_actor: int, learner_version: int,
+             state_shape: Optional[tuple] = None) -> Optional[str]:
+    """The reason ``frag`` must be refused, or None if it is well-formed. Never raises on bad input.
+    ``state_shape``: the recurrent policy's state shape (None: a feed-forward policy)."""
     try:
-        return _validate(frag, spec, n_actors, envs_per_actor, learner_version)
+        return _validate(frag, spec, n_actors, envs_per_actor, learner_version, state_shape)
     except Exception:  # noqa: BLE001 - a malformed record must be refused, not crash the learner
         return "malformed"
 
 
-def _validate(frag: Fragment, spec: EnvSpec, n_actors: int, envs_per_actor: int, learner_version: int) -> Optional[str]:
+def _validate(frag: Fragment, spec: EnvSpec, n_actors: int, envs_per_actor: int, learner_version: int,
+              state_shape: Optional[tuple]) -> Optional[str]:
     fid = frag.id
     if fid.schema_version not in KNOWN_SCHEMAS:
         return "schema"
@@ -89,6 +94,18 @@ def _validate(frag: Fragment, spec: EnvSpec, n_actors: int, envs_per_actor: int,
             return "shape"
     elif masks is not None:
         return "shape"
+    if state_shape is None:
+        if frag.state is not None or frag.final_state is not None:
+            return "state"
+    else:
+        for st in (frag.state, frag.final_state):
+            if (not isinstance(st, np.ndarray) or st.dtype != np.float32 or st.shape != tuple(state_shape)
+                    or not np.isfinite(st).all()):
+                return "state"
+        if fid.episode_t0 == 0 and frag.state.any():  # an episode starts from the zero state
+            return "state"
+        if (frag.terminated[-1] or frag.truncated[-1]) and frag.final_state.any():  # ... so does the next one
+            return "state"
     if not (np.isfinite(frag.obs).all() and np.isfinite(frag.last_obs).all() and np.isfinite(frag.trunc_obs).all()
             and all(np.isfinite(getattr(frag, n)).all() for n in _FLOAT_FIELDS)):
         return "non_finite"
@@ -124,8 +141,9 @@ class Admission:
     """Validation + duplicate policy + counters, in front of the learner (used from the learner's thread)."""
 
     def __init__(self, spec: EnvSpec, n_actors: int, envs_per_actor: int, duplicates: Duplicates,
-                 rollout_len: Optional[int] = None):
+                 rollout_len: Optional[int] = None, state_shape: Optional[tuple] = None):
         self.spec = spec
+        self.state_shape = None if state_shape is None else tuple(state_shape)
         self.n_actors = n_actors
         self.envs_per_actor = envs_per_actor
         self.rollout_len = rollout_len
@@ -133,7 +151,7 @@ class Admission:
         self.stats = AdmissionStats()
 
     def check(self, frag: Fragment, learner_version: int) -> Optional[str]:
-        reason = validate(frag, self.spec, self.n_actors, self.envs_per_actor, learner_version)
+        reason = validate(frag, self.spec, self.n_actors, self.envs_per_actor, learner_version, self.state_shape)
         if reason is None and self.rollout_len is not None and frag.id.length != self.rollout_len:
             return "length"
         return reason

@@ -21,14 +21,15 @@ from .fragment import Fragment
 
 CORRUPTIONS = ("nan", "shape", "prob", "schema")  # what any fragment can suffer
 MASKED_CORRUPTIONS = CORRUPTIONS + ("mask",)  # ... and a masked env's: its action's mask entry cleared
-COUNTED = MASKED_CORRUPTIONS  # every kind a count is kept for
+COUNTED = MASKED_CORRUPTIONS + ("state",)  # every kind a count is kept for (state: a recurrent policy's, not finite)
 # the admission reason each corruption must be refused with
-EXPECTED_REASON = {"nan": "non_finite", "shape": "shape", "prob": "logp", "schema": "schema", "mask": "mask"}
+EXPECTED_REASON = {"nan": "non_finite", "shape": "shape", "prob": "logp", "schema": "schema", "mask": "mask",
+                   "state": "state"}
 
 
-def kinds_for(masked: bool, base: Tuple[str, ...] = CORRUPTIONS) -> Tuple[str, ...]:
-    """The corruptions a link of this env can carry (``base``: what the link's form allows)."""
-    return base + ("mask",) if masked else base
+def kinds_for(masked: bool, base: Tuple[str, ...] = CORRUPTIONS, recurrent: bool = False) -> Tuple[str, ...]:
+    """The corruptions a link of this env (and policy) can carry (``base``: what the link's form allows)."""
+    return base + (("mask",) if masked else ()) + (("state",) if recurrent else ())
 
 
 class ActorKilled(RuntimeError):
@@ -86,7 +87,11 @@ def corrupt(frag: Fragment, kind: str) -> Fragment:
         if not masks[t].any():
             masks[t, (int(frag.actions[t]) + 1) % masks.shape[1]] = True
         return dataclasses.replace(frag, masks=masks)
-    raise ValueError(f"unknown corruption {kind!r} (of this fragment); allowed: {', '.join(MASKED_CORRUPTIONS)}")
+    if kind == "state" and frag.state is not None:
+        state = frag.state.copy()
+        state.flat[state.size // 2] = np.nan  # the recurrent state the fragment starts from is not finite
+        return dataclasses.replace(frag, state=state)
+    raise ValueError(f"unknown corruption {kind!r} (of this fragment); allowed: {', '.join(COUNTED)}")
 
 
 class ChaosChannel:

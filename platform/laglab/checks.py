@@ -7,18 +7,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-import gymnasium as gym
 import numpy as np
 
 from .config import Config, ConfigError, RunnerKind
 from .envs import EnvSpec, make_env
 from .fragment import Fragment, FragmentId
+from .recurrent import policy_state_shape
 
 
 def env_spec(cfg: Config) -> EnvSpec:
     env = make_env(cfg.env)
     try:  # one reset of a throwaway env: whether it names its legal actions (info["action_mask"])
-        info = env.reset(seed=0)[1] if isinstance(env.action_space, gym.spaces.Discrete) else None
+        info = env.reset(seed=0)[1]  # (continuous actions: a mask there is refused, not dropped)
         return EnvSpec.of(env, info, cfg.env.action_mask)
     finally:
         env.close()
@@ -52,26 +52,28 @@ def check_resume(cfg: Config, spec: EnvSpec) -> None:
                           f"total_env_steps={trained + cfg.total_env_steps} trains {cfg.total_env_steps:,} more)")
 
 
-def fragment_bytes(spec: EnvSpec, rollout_len: int, truncations: int) -> int:
+def fragment_bytes(spec: EnvSpec, rollout_len: int, truncations: int, state_shape: Optional[tuple] = None) -> int:
     """The size the transport charges for one fragment of this env (``Fragment.nbytes``) with ``truncations``
-    final observations."""
+    final observations (``state_shape``: a recurrent policy's, whose first and final states travel too)."""
     T, obs = rollout_len, tuple(spec.obs_shape)
     f32 = lambda *shape: np.zeros(shape, np.float32)  # noqa: E731
     flags = np.zeros(T, bool)
     actions = np.zeros(T, np.int64) if spec.discrete else f32(T, spec.n_actions)
     gauss = None if spec.discrete else f32(T, spec.n_actions)
     masks = np.zeros((T, spec.n_actions), bool) if spec.masked else None
+    state = None if state_shape is None else f32(*state_shape)
     frag = Fragment(FragmentId(0, 0, 0, 0, 0, 0, T - 1, 0), f32(T, *obs), actions, f32(T), flags, flags, f32(T),
-                    f32(T), f32(truncations, *obs), f32(T), f32(*obs), gauss, gauss, masks)
+                    f32(T), f32(truncations, *obs), f32(T), f32(*obs), gauss, gauss, masks, state, state)
     return frag.nbytes
 
 
 def check_transport(cfg: Config, spec: EnvSpec) -> None:
     """A queue bound smaller than one fragment would refuse every fragment (``too_large``): nothing would train."""
     T = cfg.actor.rollout_len
-    need = fragment_bytes(spec, T, truncations=T)  # the largest: every step ends an episode by truncation
+    S = policy_state_shape(cfg.policy)
+    need = fragment_bytes(spec, T, T, S)  # the largest: every step ends an episode by truncation
     if cfg.transport.max_bytes < need:
-        base = fragment_bytes(spec, T, 0)
+        base = fragment_bytes(spec, T, 0, S)
         raise ConfigError(f"invalid config: transport.max_bytes={cfg.transport.max_bytes}; allowed: >= {need} (one "
                           f"fragment of {cfg.env.id} with actor.rollout_len={T} takes up to {need} bytes: {base} plus "
                           f"{(need - base) // T} per truncated step; a smaller bound refuses every fragment)")

@@ -112,6 +112,11 @@ class PolicyConfig:
     hidden_sizes: List[int] = field(default_factory=lambda: [64, 64])
     activation: str = "tanh"
     log_std_init: float = 0.0
+    # none: the MLPs above, one per head. gru | lstm: an encoder MLP (hidden_sizes), a recurrent core of ``hidden``
+    # units shared by both heads, then a linear policy head and a linear value head; actors carry one state per env
+    # (zero at an episode's start) and ship the state at each fragment's first step (laglab.recurrent)
+    recurrent: str = "none"
+    hidden: int = 64
 
 
 @dataclass
@@ -150,6 +155,9 @@ class LearnerConfig:
     # arrives while the actors act with an older version than the learner's (broadcast_every > 1, fixed_lag),
     # publish the newest to them at once; null = keep all
     max_kl_behavior: Optional[float] = None
+    # recurrent policies: the first burn_in steps of a segment that starts from its stored (behavior) state are run
+    # under the current policy to refresh the state and left out of the loss, as R2D2's burn-in (0 = none)
+    burn_in: int = 0
     checkpoint: bool = True  # checkpoints/final.pt at the end
     checkpoint_every: int = 0  # also checkpoints/latest.pt every N updates (0 = never)
 
@@ -195,7 +203,8 @@ class ChaosConfig:
     reorder_p: float = 0.0  # delivered after the next fragment
     delay_p: float = 0.0  # delivered after the next `delay_fragments` fragments
     delay_fragments: int = 4
-    corrupt_p: float = 0.0  # NaN obs | wrong obs shape | impossible probability | unknown schema
+    # NaN obs | wrong obs shape | impossible probability | unknown schema (| an illegal action's mask | a NaN state)
+    corrupt_p: float = 0.0
     kill_every_steps: Optional[int] = None  # an actor crashes once it has produced this many steps
     hang_every_steps: Optional[int] = None  # an actor stops (no heartbeat) once it has produced this many steps
     stall_every_updates: Optional[int] = None  # the learner stalls after every N updates ...
@@ -316,6 +325,7 @@ class ConfigError(ValueError):
 
 
 ACTIVATIONS = ("tanh", "relu", "elu")
+RECURRENT = ("none", "gru", "lstm")
 
 
 def _require(ok: bool, key: str, allowed: str, got: Any) -> None:
@@ -519,6 +529,19 @@ def validate(cfg: Any) -> Config:
         "a non-empty list of integers >= 1",
         c.policy.hidden_sizes,
     )
+    _require(c.policy.recurrent in RECURRENT, "policy.recurrent", " | ".join(RECURRENT), c.policy.recurrent)
+    _require(isinstance(c.policy.hidden, int) and c.policy.hidden >= 1, "policy.hidden", "an integer >= 1",
+             c.policy.hidden)
+    _require(0 <= lr.burn_in < a.rollout_len, "learner.burn_in",
+             f"an integer in [0, actor.rollout_len = {a.rollout_len}) (burn-in steps are left out of the loss: a "
+             "segment must keep at least one)", lr.burn_in)
+    _require(lr.burn_in == 0 or c.policy.recurrent != "none", "learner.burn_in",
+             "0 unless policy.recurrent is gru or lstm (burn-in refreshes a recurrent state)", lr.burn_in)
+    if c.policy.recurrent != "none":
+        n_frag = lr.batch_size // a.rollout_len
+        _require(lr.minibatches <= n_frag, "learner.minibatches",
+                 f"at most the fragments in a batch (learner.batch_size / actor.rollout_len = {n_frag}) with a "
+                 "recurrent policy: its minibatches are whole segments", lr.minibatches)
     per_round = a.envs_per_actor * a.rollout_len
     if a.max_lead_steps is not None:
         _require(

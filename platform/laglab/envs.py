@@ -250,6 +250,10 @@ class EnvSpec:
         if isinstance(space, gym.spaces.Discrete):
             masked = bool(use_mask and info is not None and MASK_KEY in info)
             return EnvSpec(tuple(env.observation_space.shape), True, int(space.n), masked=masked)
+        if use_mask and info is not None and MASK_KEY in info:
+            raise ConfigError(f"invalid config: env {env.spec.id if env.spec else env!r} names legal actions "
+                              f"(info[{MASK_KEY!r}]) but its actions are continuous ({space}); action masks need "
+                              "discrete actions: set env.action_mask=false to ignore them")
         return EnvSpec(
             tuple(env.observation_space.shape),
             False,

@@ -64,7 +64,7 @@ def load_policy(path: Path, cfg: Config, spec: EnvSpec) -> tuple:
     model.load_state_dict(state["model"])
     snap = Snapshot.make(int(state["version"]), model, state["obs_norm_mean"].numpy(),
                          state["obs_norm_var"].numpy(), reward_var=float(state["reward_var"]))
-    return InferencePolicy(snap, spec, cfg.policy.activation), snap, state
+    return InferencePolicy(snap, spec, cfg.policy.activation, cfg.policy.recurrent), snap, state
 
 
 @dataclass
@@ -96,12 +96,16 @@ def play(cfg: Config, policy: InferencePolicy, snap: Snapshot, episodes: int, mo
         for i in range(episodes):
             obs, info = env.reset(seed=seed + i)
             ret, length, done = 0.0, 0, False
+            h = None if policy.state_shape is None else np.zeros((1,) + policy.state_shape, np.float32)
             while not done:
                 x = np.asarray(obs, np.float32)[None]
                 if cfg.env.normalize_obs:
                     x = normalize(x, snap.obs_mean, snap.obs_var, cfg.env.obs_clip)
                 mask = action_mask(info, spec.n_actions, cfg.env.id)[None] if spec.masked else None
-                a = policy.mode(x, mask) if mode == "deterministic" else policy.act(x, rng, mask)[0]
+                if mode == "deterministic":
+                    a, h = policy.mode(x, mask, h)
+                else:
+                    a, h = (lambda r: (r[0], r[-1]))(policy.act(x, rng, mask, h))
                 a = a[0]
                 if not spec.discrete:
                     a = np.clip(a, spec.action_low, spec.action_high)

@@ -10,7 +10,8 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-SCHEMA_VERSION = 2  # 2: trunc_obs (final observations, evaluated by the learner's critic) and disc_return
+SCHEMA_VERSION = 3  # 2: trunc_obs (final observations, evaluated by the learner's critic) and disc_return;
+#                    3: masks (envs with action masks) and the recurrent history contract (state, final_state)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ class Fragment:
     mean: Optional[np.ndarray] = None  # [T, A] Gaussian mean (continuous actions)
     log_std: Optional[np.ndarray] = None  # [T, A] Gaussian log-std (continuous actions)
     masks: Optional[np.ndarray] = None  # [T, n] bool: the legal actions at each step (envs with action masks)
+    # recurrent policies (the history contract): the behavior policy's state before the first step (zero when it
+    # starts an episode) and the state this env's next step starts from (after the last step; zero if it ended one)
+    state: Optional[np.ndarray] = None  # [*S] float32
+    final_state: Optional[np.ndarray] = None  # [*S] float32
 
     @classmethod
     def sealed(cls, **fields) -> "Fragment":
@@ -65,6 +70,7 @@ class Fragment:
         arrays: Tuple[Optional[np.ndarray], ...] = (
             self.obs, self.actions, self.rewards, self.terminated, self.truncated, self.logp,
             self.values, self.trunc_obs, self.disc_return, self.last_obs, self.mean, self.log_std, self.masks,
+            self.state, self.final_state,
         )
         return sum(a.nbytes for a in arrays if isinstance(a, np.ndarray)) + 9 * 8
 
@@ -88,9 +94,19 @@ def successors(frags: Sequence[Fragment]) -> np.ndarray:
             continue
         g = frags[j]
         ends = int(np.count_nonzero(f.terminated | f.truncated))
-        if g.id.actor_id == f.id.actor_id and g.id.episode_id == f.id.episode_id + ends:
-            succ[i] = j
+        if g.id.actor_id != f.id.actor_id or g.id.episode_id != f.id.episode_id + ends:
+            continue
+        if f.state is not None and not continues(f, g):
+            continue
+        succ[i] = j
     return succ
+
+
+def continues(f: Fragment, g: Fragment) -> bool:
+    """The history contract between two adjacent recurrent fragments: ``g`` was collected under ``f``'s behavior
+    version and starts from the state ``f`` ended in (bit for bit)."""
+    return (g.id.behavior_version == f.id.behavior_version and g.state is not None and f.final_state is not None
+            and g.state.shape == f.final_state.shape and np.array_equal(g.state, f.final_state))
 
 
 def chain_depths(succ: np.ndarray) -> np.ndarray:

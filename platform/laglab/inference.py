@@ -10,6 +10,7 @@ from typing import Any, Dict, Mapping, Optional
 import numpy as np
 
 from .envs import EnvSpec
+from .recurrent import Cell, state_shape
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -55,21 +56,37 @@ _NP_ACT = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0), "elu": lambda 
 
 
 class InferencePolicy:
-    """The actor's view of a snapshot: the same network as :class:`ActorCritic`, evaluated in numpy.
+    """The actor's view of a snapshot: the same network as :class:`ActorCritic` (or, with ``recurrent`` gru | lstm,
+    :class:`RecurrentActorCritic`), evaluated in numpy.
 
     Actors run many tiny batches; a numpy forward pass costs a fraction of torch's per-op overhead and
     holds the GIL for microseconds, which matters when several actor threads share one interpreter.
-    Tested against :class:`ActorCritic` for equal log-probs and values."""
+    Tested against the torch networks for equal log-probs, values and states.
 
-    def __init__(self, snap: Snapshot, spec: EnvSpec, activation: str = "tanh"):
+    A recurrent policy takes each env's state before the step (``state`` [B, *S], zero at an episode's start) and
+    returns the state after it (before any reset: the caller zeroes the rows whose episode ended)."""
+
+    def __init__(self, snap: Snapshot, spec: EnvSpec, activation: str = "tanh", recurrent: str = "none"):
         self.version = snap.version
         self.spec = spec
         self.act_fn = _NP_ACT[activation]
-        self.pi = self._layers(snap.weights, "pi.")
-        self.v = self._layers(snap.weights, "v.")
+        self.recurrent = None if recurrent in (None, "none") else recurrent
+        if self.recurrent is None:
+            self.pi = self._layers(snap.weights, "pi.")
+            self.v = self._layers(snap.weights, "v.")
+        else:
+            self.enc = self._layers(snap.weights, "enc.")
+            self.cell = Cell(self.recurrent, {k: snap.weights[f"core.{k}_l0"]  # (torch.nn.GRU / LSTM, one layer)
+                                              for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")})
+            self.pi_head = (np.ascontiguousarray(snap.weights["pi_head.weight"].T), snap.weights["pi_head.bias"])
+            self.v_head = (np.ascontiguousarray(snap.weights["v_head.weight"].T), snap.weights["v_head.bias"])
         self.log_std = None
         if not spec.discrete:
             self.log_std = np.clip(snap.weights["log_std"], LOG_STD_MIN, LOG_STD_MAX).astype(np.float32)
+
+    @property
+    def state_shape(self) -> Optional[tuple]:
+        return None if self.recurrent is None else state_shape(self.recurrent, self.cell.hidden)
 
     @staticmethod
     def _layers(weights: Mapping[str, np.ndarray], prefix: str):
@@ -82,43 +99,56 @@ class InferencePolicy:
         w, b = layers[-1]
         return x @ w + b
 
-    def value(self, obs: np.ndarray) -> np.ndarray:
-        return self._mlp(self.v, obs.reshape(obs.shape[0], -1))[:, 0]
-
-    def act(self, obs: np.ndarray, rng: np.random.Generator, mask: Optional[np.ndarray] = None):
-        """Sample actions (``mask`` [B, n] bool: only the legal actions, renormalized). Returns (actions, logp,
-        value, mean or None, log_std or None)."""
+    def _heads(self, obs: np.ndarray, state: Optional[np.ndarray]):
+        """(policy head output, value, next state or None)."""
         x = obs.reshape(obs.shape[0], -1)
-        out = self._mlp(self.pi, x)
-        value = self._mlp(self.v, x)[:, 0]
+        if self.recurrent is None:
+            return self._mlp(self.pi, x), self._mlp(self.v, x)[:, 0], None
+        if state is None:
+            raise ValueError("a recurrent policy needs the state of every env (zero at an episode's start)")
+        for w, b in self.enc:
+            x = self.act_fn(x @ w + b)
+        nxt = self.cell.step(x, state)
+        h = Cell.output(self.recurrent, nxt)
+        (wp, bp), (wv, bv) = self.pi_head, self.v_head
+        return h @ wp + bp, (h @ wv + bv)[:, 0], nxt
+
+    def value(self, obs: np.ndarray, state: Optional[np.ndarray] = None) -> np.ndarray:
+        return self._heads(obs, state)[1]
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator, mask: Optional[np.ndarray] = None,
+            state: Optional[np.ndarray] = None):
+        """Sample actions (``mask`` [B, n] bool: only the legal actions, renormalized). Returns (actions, logp,
+        value, mean or None, log_std or None, next state or None)."""
+        out, value, nxt = self._heads(obs, state)
+        B = out.shape[0]
         if self.spec.discrete:
             if mask is not None:
                 out = np.where(mask, out, -np.inf)
             z = out - out.max(axis=1, keepdims=True)
             logp_all = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
             cdf = np.exp(logp_all).cumsum(axis=1)
-            r = rng.random((x.shape[0], 1), dtype=np.float32)
+            r = rng.random((B, 1), dtype=np.float32)
             if mask is not None:  # u in (0, total]: u = 0 would pick action 0 even where its mask forbids it
                 r = 1.0 - r
             u = r * cdf[:, -1:]
             a = np.minimum((cdf < u).sum(axis=1), self.spec.n_actions - 1)
-            return a.astype(np.int64), logp_all[np.arange(x.shape[0]), a], value, None, None
+            return a.astype(np.int64), logp_all[np.arange(B), a], value, None, None, nxt
         log_std = np.broadcast_to(self.log_std, out.shape)
         a = (out + rng.standard_normal(out.shape, dtype=np.float32) * np.exp(log_std)).astype(np.float32)
         z = (a - out) * np.exp(-log_std)
         logp = (-0.5 * z * z - log_std - HALF_LOG_2PI).sum(axis=1)
-        return a, logp.astype(np.float32), value, out, log_std
+        return a, logp.astype(np.float32), value, out, log_std, nxt
 
-
-    def mode(self, obs: np.ndarray, mask: Optional[np.ndarray] = None) -> np.ndarray:
-        """The deterministic action (the most probable one: argmax of the logits, or the Gaussian's mean; under
-        ``mask``, the most probable legal one)."""
-        out = self._mlp(self.pi, obs.reshape(obs.shape[0], -1))
+    def mode(self, obs: np.ndarray, mask: Optional[np.ndarray] = None, state: Optional[np.ndarray] = None):
+        """(the deterministic action, next state or None): the most probable action (argmax of the logits, or the
+        Gaussian's mean; under ``mask``, the most probable legal one)."""
+        out, _, nxt = self._heads(obs, state)
         if self.spec.discrete:
             if mask is not None:
                 out = np.where(mask, out, -np.inf)
-            return out.argmax(axis=1).astype(np.int64)
-        return out.astype(np.float32)
+            return out.argmax(axis=1).astype(np.int64), nxt
+        return out.astype(np.float32), nxt
 
 
 class SnapshotCodec:

@@ -27,16 +27,19 @@ from .config import Config, ConfigError, Estimator, LossKind, LrSchedule, Prox
 from .optim import Adam, clip_grad_norm
 from .envs import EnvSpec, RunningMeanStd, normalize
 from .fragment import Fragment, chain_depths, successors
-from .policy import ActorCritic, Snapshot
+from .policy import ActorCritic, RecurrentActorCritic, Snapshot
 from .tagged import audit_batch
 
 
-def build_model(cfg: Config, spec: EnvSpec) -> ActorCritic:
+def build_model(cfg: Config, spec: EnvSpec):
     p = cfg.policy
+    if p.recurrent != "none":
+        return RecurrentActorCritic(spec, p.hidden_sizes, p.activation, p.log_std_init, p.recurrent, p.hidden)
     return ActorCritic(spec, p.hidden_sizes, p.activation, p.log_std_init)
 
 
-FINGERPRINT_BEFORE = {"masked": False}  # fingerprint keys older checkpoints lack, with the value they had then
+# fingerprint keys older checkpoints lack, with the value they had then
+FINGERPRINT_BEFORE = {"masked": False, "policy.recurrent": "none", "policy.hidden": None}
 
 
 def fingerprint(cfg: Config, spec: EnvSpec) -> Dict[str, Any]:
@@ -48,6 +51,8 @@ def fingerprint(cfg: Config, spec: EnvSpec) -> Dict[str, Any]:
             "action_low": None if spec.action_low is None else [float(x) for x in spec.action_low],
             "action_high": None if spec.action_high is None else [float(x) for x in spec.action_high],
             "policy.hidden_sizes": list(cfg.policy.hidden_sizes), "policy.activation": cfg.policy.activation,
+            "policy.recurrent": cfg.policy.recurrent,
+            "policy.hidden": None if cfg.policy.recurrent == "none" else int(cfg.policy.hidden),
             "env.normalize_obs": cfg.env.normalize_obs, "env.obs_clip": cfg.env.obs_clip,
             "env.normalize_reward": cfg.env.normalize_reward, "env.reward_clip": cfg.env.reward_clip,
             "algo.name": cfg.algo.name, "algo.advantage.gamma": cfg.algo.advantage.gamma}
@@ -69,6 +74,7 @@ class Stacked(NamedTuple):
     trunc_pos: np.ndarray  # [K] their flat positions t * N + n in [T, N]
     last_obs: np.ndarray  # [N, *obs]
     masks: Optional[np.ndarray] = None  # [T, N, n] legal actions (envs with action masks)
+    state: Optional[np.ndarray] = None  # [N, *S] recurrent policies: each fragment's stored initial state
 
 
 def stack(frags: Sequence[Fragment]) -> Stacked:
@@ -78,7 +84,8 @@ def stack(frags: Sequence[Fragment]) -> Stacked:
     pos = [np.flatnonzero(f.truncated) * N + n for n, f in enumerate(frags)]
     return Stacked(T, N, st("obs"), st("actions"), st("rewards"), st("disc_return"), st("terminated"), trunc,
                    st("logp"), np.concatenate([f.trunc_obs for f in frags]), np.concatenate(pos).astype(np.int64),
-                   np.stack([f.last_obs for f in frags]), st("masks") if frags[0].masks is not None else None)
+                   np.stack([f.last_obs for f in frags]), st("masks") if frags[0].masks is not None else None,
+                   np.stack([f.state for f in frags]) if frags[0].state is not None else None)
 
 
 class Batch(NamedTuple):
@@ -97,6 +104,28 @@ class Batch(NamedTuple):
     succ: np.ndarray  # [N] index of the proven-adjacent next fragment in the batch, or -1
     depth: np.ndarray  # [N] distance to the end of its chain
     masks: Optional[torch.Tensor] = None  # [T*N, n] legal actions (envs with action masks)
+    # recurrent policies
+    state: Optional[torch.Tensor] = None  # [N, *S] each fragment's stored (behavior) initial state
+    dones: Optional[torch.Tensor] = None  # [T, N] bool: an episode ended at step t (the state is zeroed after it)
+
+
+def chain_heights(succ: np.ndarray) -> np.ndarray:
+    """Distance from each fragment to the start of its chain (0 = no fragment in the batch precedes it)."""
+    pred = np.full(len(succ), -1, dtype=np.int64)
+    for i, j in enumerate(succ):
+        if j >= 0:
+            pred[j] = i
+    height = np.full(len(succ), -1, dtype=np.int64)
+    for i in range(len(succ)):
+        path, j = [], i
+        while j >= 0 and height[j] < 0 and len(path) <= len(succ):
+            path.append(j)
+            j = int(pred[j])
+        h = height[j] + 1 if j >= 0 else 0
+        for k in reversed(path):
+            height[k] = h
+            h += 1
+    return height
 
 
 class Learner:
@@ -104,6 +133,7 @@ class Learner:
         self.cfg = cfg
         self.spec = spec
         self.model = build_model(cfg, spec)
+        self.recurrent = cfg.policy.recurrent != "none"
         self.params = list(self.model.parameters())
         # torch.optim.Adam's fused CPU kernel, without torch.optim (see laglab.optim: no torch._dynamo import)
         self.opt = Adam(self.params, lr=cfg.learner.lr, eps=cfg.learner.adam_eps)
@@ -146,7 +176,14 @@ class Learner:
             obs = self._norm(np.array(frag.obs)).reshape((-1,) + self.spec.obs_shape)  # copies: a fragment's
             actions = torch.from_numpy(np.array(frag.actions)).reshape((-1,) + self.spec.action_shape)  # are read-only
             masks = None if frag.masks is None else torch.from_numpy(np.array(frag.masks))
-            logp = self.model.logp_entropy(obs, actions, masks)[0]
+            if self.recurrent:
+                T = len(frag.obs)
+                h, _ = self.model.unroll(obs.view((T, 1) + self.spec.obs_shape),
+                                         torch.from_numpy(np.array(frag.state))[None],
+                                         torch.from_numpy(np.array(frag.terminated | frag.truncated))[:, None])
+                logp = self.model.logp_entropy_of(h.flatten(0, 1), actions, masks)[0]
+            else:
+                logp = self.model.logp_entropy(obs, actions, masks)[0]
             return float(algo.approx_kl_k3(logp, torch.from_numpy(np.array(frag.logp)).reshape(-1)))
 
     def allocate_incarnation(self) -> int:
@@ -242,6 +279,8 @@ class Learner:
             succ=succ,
             depth=chain_depths(succ),
             masks=None if s.masks is None else torch.from_numpy(s.masks).reshape(T * N, -1),
+            state=None if s.state is None else torch.from_numpy(s.state),
+            dones=None if s.state is None else torch.from_numpy(s.terminated | s.truncated),
         )
 
     def audit(self, frags: Sequence[Fragment]) -> int:
@@ -255,16 +294,77 @@ class Learner:
                            b.last_obs.numpy(), frags, self.cfg.actor.envs_per_actor, b.succ,
                            None if b.masks is None else b.masks.numpy())
 
+    def _unroll(self, model, b: "Batch", init: torch.Tensor, cols=None):
+        """A recurrent model run over the batch's columns ``cols`` (all by default), each from its state in ``init``
+        [N, *S]: (h [T, n, H], ends [T, n, *S]) as :meth:`RecurrentActorCritic.unroll`."""
+        obs = b.obs.view((b.T, b.N) + self.spec.obs_shape)
+        if cols is None:
+            return model.unroll(obs, init, b.dones)
+        return model.unroll(obs[:, cols], init[cols], b.dones[:, cols])
+
     @torch.no_grad()
-    def _targets(self, b: "Batch"):
-        """(advantages, value targets, values, current log-probs), all [T, N], under the current policy."""
+    def _recurrent_pass(self, b: "Batch"):
+        """A recurrent policy's evaluation of a batch under the current weights: (values [T, N], bootstrap [N],
+        values of the truncations' final observations [K], current log-probs [T, N], initial states [N, *S]).
+
+        A fragment that is the first of its chain in the batch starts from its stored state (the behavior
+        policy's); a fragment joined to its predecessor (:func:`laglab.fragment.successors`: adjacent, the same
+        behavior version, the stored states agree) continues from the state the current policy ends the
+        predecessor in, so a chain is one sequence. Chains are run from their starts forwards, one link at a time."""
+        T, N, m = b.T, b.N, self.model
+        height = chain_heights(b.succ)
+        init = b.state.clone()
+        hs = torch.zeros((T, N, m.hidden))
+        ends = torch.zeros((T, N) + m.state_shape)
+        keep_last = (~b.dones[-1]).to(ends.dtype).view((N,) + (1,) * len(m.state_shape))
+        pred = np.full(N, -1, dtype=np.int64)
+        for i, j in enumerate(b.succ):
+            if j >= 0:
+                pred[j] = i
+        for level in range(int(height.max()) + 1):
+            cols = torch.from_numpy(np.flatnonzero(height == level))
+            if level > 0:
+                p = torch.from_numpy(pred[cols.numpy()])
+                init[cols] = ends[-1, p] * keep_last[p]
+            hs[:, cols], ends[:, cols] = self._unroll(m, b, init, cols)
+        values = m.value_of(hs)
+        final = ends[-1] * keep_last  # the state the step after the last one starts from
+        bootstrap = m.value_of(m.output(m.step(b.last_obs, final)))
+        trunc_values = None
+        if len(b.trunc_pos):  # (a truncated step ends an episode: its state is in ends)
+            at = ends.flatten(0, 1)[b.trunc_pos]
+            trunc_values = m.value_of(m.output(m.step(b.trunc_obs, at)))
+        cur_logp = m.logp_entropy_of(hs.flatten(0, 1), b.actions, b.masks)[0].view(T, N)
+        return values, bootstrap, trunc_values, cur_logp, init
+
+    def _loss_steps(self, b: "Batch", init_from_store: np.ndarray) -> torch.Tensor:
+        """[T, N] bool: the steps the loss counts (recurrent ``learner.burn_in``: a segment that starts from its stored
+        state leaves its first burn_in steps out; they only refresh the state)."""
+        keep = torch.ones((b.T, b.N), dtype=torch.bool)
+        k = self.cfg.learner.burn_in
+        if k:
+            keep[:k, torch.from_numpy(np.flatnonzero(init_from_store))] = False
+        return keep
+
+    @torch.no_grad()
+    def _targets(self, b: "Batch", extras: Optional[Dict[str, Any]] = None):
+        """(advantages, value targets, values, current log-probs), all [T, N], under the current policy.
+        ``extras`` (a dict): filled with the recurrent policy's initial states (``init``)."""
         a = self.cfg.algo.advantage
-        values = self.model.value(b.obs).view(b.T, b.N)
-        bootstrap = self.model.value(b.last_obs)
-        cur_logp = self.model.logp_entropy(b.obs, b.actions, b.masks)[0].view(b.T, b.N)
+        trunc_values = None
+        if self.recurrent:
+            values, bootstrap, trunc_values, cur_logp, init = self._recurrent_pass(b)
+            if extras is not None:
+                extras["init"] = init
+        else:
+            values = self.model.value(b.obs).view(b.T, b.N)
+            bootstrap = self.model.value(b.last_obs)
+            cur_logp = self.model.logp_entropy(b.obs, b.actions, b.masks)[0].view(b.T, b.N)
         rewards = b.rewards.clone()
         if len(b.trunc_pos):  # truncations: bootstrap with the *current* critic's value of the final observation
-            rewards.view(-1)[b.trunc_pos] += a.gamma * self.model.value(b.trunc_obs)
+            if trunc_values is None:
+                trunc_values = self.model.value(b.trunc_obs)
+            rewards.view(-1)[b.trunc_pos] += a.gamma * trunc_values
         b = b._replace(rewards=rewards)
         adv = torch.zeros_like(values)
         returns = torch.zeros_like(values)
@@ -303,7 +403,8 @@ class Learner:
             self.rew_rms.update(np.concatenate([f.disc_return for f in frags]))
         b = self._batch(frags)
         misattributed = self._audit(b, frags) if audit else 0
-        adv, returns, values, cur_logp = self._targets(b)
+        extras: Dict[str, Any] = {}
+        adv, returns, values, cur_logp = self._targets(b, extras)
         lag_kl = float(algo.approx_kl_k3(cur_logp, b.behavior_logp))
         is_ess = algo.effective_sample_fraction(cur_logp - b.behavior_logp)
         obs, actions, lags, masks = b.obs, b.actions, b.lags, b.masks
@@ -316,35 +417,28 @@ class Learner:
         b_adv, b_ret, b_old = adv.reshape(-1), returns.reshape(-1), b.behavior_logp.reshape(-1)
         b_start = cur_logp.reshape(-1)  # the policy at the start of this update
         B = b.T * b.N
-        mb = B // lc.minibatches
         loss_cfg = ac.loss
         decoupled = is_decoupled(cfg)
         dual_c = loss_cfg.dual_clip_c if loss_cfg.kind in (LossKind.dual_clip, LossKind.decoupled_dual_clip) else None
         sums: Dict[str, float] = collections.defaultdict(float)
         n_mb = 0
         epochs_done = 0
+        init = extras.get("init")
+        keep = None if init is None else self._loss_steps(b, chain_heights(b.succ) == 0)
         for _ in range(lc.epochs):
-            perm = torch.randperm(B, generator=self.gen)
             kl_epoch = []
-            for k in range(lc.minibatches):
-                idx = perm[k * mb:(k + 1) * mb]
-                m_idx = None if masks is None else masks[idx]
-                logp, ent = self.model.logp_entropy(obs[idx], actions[idx], m_idx)
+            for idx, logp, ent, v, prox in self._minibatches(b, init, keep, decoupled):
                 a = b_adv[idx]
-                if loss_cfg.norm_adv and mb > 1:
+                if loss_cfg.norm_adv and len(idx) > 1:
                     a = (a - a.mean()) / (a.std() + 1e-8)
                 if decoupled:
-                    if self.prox_model is not None:
-                        with torch.no_grad():
-                            prox = self.prox_model.logp_entropy(obs[idx], actions[idx], m_idx)[0]
-                    else:
+                    if prox is None:
                         prox = b_start[idx]
                     info = algo.decoupled_loss(logp, prox, b_old[idx], a, loss_cfg.clip_eps, loss_cfg.is_cap, dual_c)
                 elif dual_c is not None:
                     info = algo.dual_clip_loss(logp, b_old[idx], a, loss_cfg.clip_eps, dual_c)
                 else:
                     info = algo.ppo_clip_loss(logp, b_old[idx], a, loss_cfg.clip_eps)
-                v = self.model.value(obs[idx])
                 v_loss = 0.5 * ((v - b_ret[idx]) ** 2).mean()
                 ent_m = ent.mean()
                 loss = info.loss - loss_cfg.ent_coef * ent_m + loss_cfg.vf_coef * v_loss
@@ -373,7 +467,12 @@ class Learner:
         update_kl = None
         if lc.lr_schedule == LrSchedule.kl_adaptive:  # how far the whole update moved the policy, measured after it
             with torch.no_grad():
-                update_kl = float(algo.approx_kl_k3(self.model.logp_entropy(obs, actions, masks)[0], b_start))
+                if init is None:
+                    now = self.model.logp_entropy(obs, actions, masks)[0]
+                else:
+                    hs = self._unroll(self.model, b, init)[0].flatten(0, 1)
+                    now = self.model.logp_entropy_of(hs, actions, masks)[0]
+                update_kl = float(algo.approx_kl_k3(now, b_start))
             self._adapt_lr(update_kl)
         if self.diverged_at is None and not np.isfinite(sums["policy_loss"] + sums["value_loss"]):
             self.diverged_at = self.updates + 1  # said once, kept in summary.json: the run goes on (its returns
@@ -407,6 +506,42 @@ class Learner:
         if audit:
             m["transport/audit_misattributed"] = float(misattributed)
         return m
+
+    def _minibatches(self, b: "Batch", init: Optional[torch.Tensor], keep: Optional[torch.Tensor], decoupled: bool):
+        """One epoch's minibatches: (flat positions in [T*N], log-probs, entropies, values — with gradients — and the
+        EWMA proximal log-probs or None). Feed-forward: ``learner.minibatches`` random sets of transitions.
+        Recurrent: random sets of whole segments (fragments), each unrolled from its initial state in ``init`` with
+        gradients through the segment (truncated BPTT), the positions ``keep`` leaves out (burn-in) dropped."""
+        lc = self.cfg.learner
+        obs, actions, masks = b.obs, b.actions, b.masks
+        ewma = decoupled and self.prox_model is not None
+        if init is None:
+            B = b.T * b.N
+            mb = B // lc.minibatches
+            perm = torch.randperm(B, generator=self.gen)
+            for k in range(lc.minibatches):
+                idx = perm[k * mb:(k + 1) * mb]
+                m_idx = None if masks is None else masks[idx]
+                logp, ent = self.model.logp_entropy(obs[idx], actions[idx], m_idx)
+                prox = None
+                if ewma:
+                    with torch.no_grad():
+                        prox = self.prox_model.logp_entropy(obs[idx], actions[idx], m_idx)[0]
+                yield idx, logp, ent, self.model.value(obs[idx]), prox
+            return
+        steps = torch.arange(b.T).view(-1, 1) * b.N
+        for cols in torch.tensor_split(torch.randperm(b.N, generator=self.gen), lc.minibatches):
+            k = keep[:, cols]
+            idx = (steps + cols.view(1, -1))[k]
+            m_idx = None if masks is None else masks[idx]
+            h = self._unroll(self.model, b, init, cols)[0][k]
+            logp, ent = self.model.logp_entropy_of(h, actions[idx], m_idx)
+            prox = None
+            if ewma:
+                with torch.no_grad():
+                    prox = self.prox_model.logp_entropy_of(self._unroll(self.prox_model, b, init, cols)[0][k],
+                                                           actions[idx], m_idx)[0]
+            yield idx, logp, ent, self.model.value_of(h), prox
 
     def _adapt_lr(self, kl: float) -> None:
         """``lr_schedule=kl_adaptive``: Sample Factory's rule (its ``kl_adaptive_epoch``), once per update, for the

@@ -1,5 +1,5 @@
-"""Actor-critic networks (categorical or Gaussian head); their snapshots and numpy inference are in
-:mod:`laglab.inference`."""
+"""Actor-critic networks (categorical or Gaussian head): MLPs, or an encoder and a recurrent core (GRU | LSTM)
+shared by both heads; their snapshots and numpy inference are in :mod:`laglab.inference`."""
 from __future__ import annotations
 
 import math
@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from .recurrent import state_shape
 from .algo import LOG_STD_MAX, LOG_STD_MIN, categorical_logp_entropy, gaussian_entropy, gaussian_logp
 from .envs import EnvSpec
 from .inference import InferencePolicy, Snapshot  # noqa: F401 - the actors' side lives in laglab.inference
@@ -60,3 +61,99 @@ class ActorCritic(nn.Module):
         return gaussian_logp(actions, out, log_std), gaussian_entropy(log_std)
 
 
+
+
+class RecurrentActorCritic(nn.Module):
+    """An encoder MLP (``hidden_sizes``, each layer followed by the activation), a one-layer GRU or LSTM of ``hidden``
+    units, then a linear policy head and a linear value head on its output h (shared core, as Sample Factory's and
+    CleanRL's recurrent PPO). Weights: orthogonal, zero biases (the core's too, as CleanRL's LSTM agent); the heads'
+    gains as the MLP's last layers (0.01 policy, 1 value).
+
+    A state is ``[N, H]`` (GRU) or ``[N, 2, H]`` (LSTM: h then c), zero at an episode's start; the actors' numpy step
+    (:mod:`laglab.recurrent`) reads the core's weights in torch's layout. Sequences are run by torch's fused
+    multi-step kernel (``nn.GRU`` / ``nn.LSTM``), in pieces between episode ends."""
+
+    def __init__(self, spec: EnvSpec, hidden_sizes: Sequence[int] = (64,), activation: str = "tanh",
+                 log_std_init: float = 0.0, kind: str = "gru", hidden: int = 64):
+        super().__init__()
+        self.spec = spec
+        self.kind = kind
+        self.hidden = int(hidden)
+        self.state_shape = state_shape(kind, self.hidden)
+        sizes = [int(np.prod(spec.obs_shape))] + list(hidden_sizes)
+        layers = []
+        for i in range(len(sizes) - 1):
+            lin = nn.Linear(sizes[i], sizes[i + 1])
+            nn.init.orthogonal_(lin.weight, math.sqrt(2.0))
+            nn.init.zeros_(lin.bias)
+            layers += [lin, _ACT[activation]()]
+        self.enc = nn.Sequential(*layers)
+        self.core = (nn.GRU if kind == "gru" else nn.LSTM)(sizes[-1], self.hidden)
+        for name, w in self.core.named_parameters():
+            nn.init.zeros_(w) if "bias" in name else nn.init.orthogonal_(w, 1.0)
+        self.pi_head = nn.Linear(self.hidden, spec.n_actions)
+        self.v_head = nn.Linear(self.hidden, 1)
+        for head, gain in ((self.pi_head, 0.01), (self.v_head, 1.0)):
+            nn.init.orthogonal_(head.weight, gain)
+            nn.init.zeros_(head.bias)
+        self.discrete = spec.discrete
+        if not spec.discrete:
+            self.log_std = nn.Parameter(torch.full((spec.n_actions,), float(log_std_init)))
+
+    def zero_state(self, n: int) -> Tensor:
+        return torch.zeros((n,) + self.state_shape)
+
+    def _hx(self, state: Tensor):
+        return state[None] if self.kind == "gru" else (state[:, 0][None].contiguous(), state[:, 1][None].contiguous())
+
+    def _state(self, hx) -> Tensor:
+        return hx[0] if self.kind == "gru" else torch.stack([hx[0][0], hx[1][0]], dim=1)
+
+    def step(self, obs: Tensor, state: Tensor) -> Tensor:
+        """The next state from one step's observations ``obs`` [N, *obs] and ``state``."""
+        _, hx = self.core(self.enc(obs.flatten(1))[None], self._hx(state))
+        return self._state(hx)
+
+    def output(self, state: Tensor) -> Tensor:
+        """What the heads read: h (of a GRU state [..., H] or an LSTM state [..., 2, H])."""
+        return state if self.kind == "gru" else state.select(-2, 0)
+
+    def unroll(self, obs: Tensor, state: Tensor, dones: Tensor) -> Tuple[Tensor, Tensor]:
+        """Run ``T`` steps of ``N`` sequences: ``obs`` [T, N, *obs], ``state`` [N, *S] the state before the first step,
+        ``dones`` [T, N] bool (an episode ended at step t: the state is zero before step t + 1).
+
+        Returns (h [T, N, H]: what the heads read at each step, ends [T, N, *S]: the state after step t, before any
+        reset, at every step that ends an episode and at the last step; zero elsewhere)."""
+        T, N = obs.shape[0], obs.shape[1]
+        x = self.enc(obs.reshape((T * N, -1))).view(T, N, -1)
+        ends = torch.zeros((T, N) + self.state_shape, dtype=x.dtype)
+        # run the steps between two episode ends (of any sequence) as one call of the fused kernel, then zero the
+        # states of the sequences whose episode ended: a few calls once episodes are long, T at worst
+        cuts = np.flatnonzero(dones[:-1].any(dim=1).cpu().numpy()) + 1
+        hs, s, a = [], state, 0
+        for b in list(cuts) + [T]:
+            out, hx = self.core(x[a:b], self._hx(s))
+            hs.append(out)
+            s = self._state(hx)
+            done = dones[b - 1]
+            if b < T:
+                ends[b - 1] = s * done.view((N,) + (1,) * len(self.state_shape))
+                s = s * (~done).to(s.dtype).view((N,) + (1,) * len(self.state_shape))
+            a = b
+        ends[-1] = self._state(hx)
+        return torch.cat(hs), ends
+
+    def clamped_log_std(self) -> Tensor:
+        return torch.clamp(self.log_std, LOG_STD_MIN, LOG_STD_MAX)
+
+    def value_of(self, h: Tensor) -> Tensor:
+        """Values from the core's outputs h [..., H] -> [...]."""
+        return self.v_head(h).squeeze(-1)
+
+    def logp_entropy_of(self, h: Tensor, actions: Tensor, mask: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        """Log-probs and entropies of ``actions`` [B, *action] under the heads at the core's outputs ``h`` [B, H]."""
+        out = self.pi_head(h)
+        if self.discrete:
+            return categorical_logp_entropy(out, actions, mask)
+        log_std = self.clamped_log_std().expand_as(out)
+        return gaussian_logp(actions, out, log_std), gaussian_entropy(log_std)

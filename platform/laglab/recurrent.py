@@ -16,7 +16,7 @@ contract of issue 21); this module is the arithmetic only.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Optional
 
 import numpy as np
 
@@ -37,6 +37,12 @@ def state_shape(kind: str, hidden: int) -> tuple:
     if kind not in KINDS:
         raise ValueError(f"recurrent kind {kind!r}; allowed: {', '.join(KINDS)}")
     return (hidden,) if kind == "gru" else (2, hidden)
+
+
+def policy_state_shape(policy) -> Optional[tuple]:
+    """The state shape of a policy config (``policy.recurrent``, ``policy.hidden``); None for a feed-forward one."""
+    kind = getattr(policy, "recurrent", "none")
+    return None if kind in (None, "none") else state_shape(kind, int(policy.hidden))
 
 
 def zero_state(kind: str, hidden: int, batch: int) -> np.ndarray:

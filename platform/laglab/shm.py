@@ -155,7 +155,8 @@ def _align(n: int, a: int = 64) -> int:
 class FragmentLayout:
     """Where each array of one fragment sits inside a slot (fixed by the env's spaces and ``rollout_len``)."""
 
-    def __init__(self, spec: EnvSpec, rollout_len: int):
+    def __init__(self, spec: EnvSpec, rollout_len: int, state_shape: Optional[tuple] = None):
+        """``state_shape``: a recurrent policy's state (the fragment's first and final states travel in the slot)."""
         T, obs, act = rollout_len, tuple(spec.obs_shape), spec.action_shape
         fields = [("obs", (T,) + obs, np.float32), ("actions", (T,) + act, np.int64 if spec.discrete else np.float32),
                   ("rewards", (T,), np.float32), ("disc_return", (T,), np.float32), ("terminated", (T,), np.bool_),
@@ -165,6 +166,8 @@ class FragmentLayout:
             fields += [("mean", (T, spec.n_actions), np.float32), ("log_std", (T, spec.n_actions), np.float32)]
         if spec.masked:
             fields += [("masks", (T, spec.n_actions), np.bool_)]
+        if state_shape is not None:
+            fields += [("state", tuple(state_shape), np.float32), ("final_state", tuple(state_shape), np.float32)]
         off = 0
         self.fields: List[Field] = []
         for name, shape, dt in fields:
@@ -225,6 +228,9 @@ class SlotPool:
             v["log_std"][...] = frag.log_std
         if frag.masks is not None and "masks" in v:
             v["masks"][...] = frag.masks
+        if frag.state is not None and "state" in v:
+            v["state"][...] = frag.state
+            v["final_state"][...] = frag.final_state
         self.state[slot] = 1
         return k
 
@@ -239,6 +245,8 @@ class SlotPool:
             arrays["mean"], arrays["log_std"] = np.array(v["mean"]), np.array(v["log_std"])
         if "masks" in v:
             arrays["masks"] = np.array(v["masks"])
+        if "state" in v:
+            arrays["state"], arrays["final_state"] = np.array(v["state"]), np.array(v["final_state"])
         self.state[slot] = 0
         return Fragment.sealed(id=fid, **arrays)
 
@@ -324,8 +332,8 @@ class StatusBlock:
               "loads", "snapshot_s", "refreshes", "discarded_steps", "incarnation", "torch_loaded", "first_step",
               "duplicated", "reordered", "delayed", "dropped_steps", "kills", "hangs", "lost_held_steps",
               "corrupted_nan", "corrupted_shape", "corrupted_prob", "corrupted_schema", "corrupted_mask",
-              "corrupted_steps_nan", "corrupted_steps_shape", "corrupted_steps_prob", "corrupted_steps_schema",
-              "corrupted_steps_mask")
+              "corrupted_state", "corrupted_steps_nan", "corrupted_steps_shape", "corrupted_steps_prob",
+              "corrupted_steps_schema", "corrupted_steps_mask", "corrupted_steps_state")
     INDEX = {f: i for i, f in enumerate(FIELDS)}
 
     def __init__(self, actors: int, name: str, create_new: bool):

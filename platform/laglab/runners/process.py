@@ -28,6 +28,7 @@ from .. import timeline, wire
 from ..accounting import Budget, Ledger
 from ..actor import ActorStats, Episode, steps_per_rollout
 from ..admission import Admission
+from ..recurrent import policy_state_shape
 from ..chaos import COUNTED, ChaosCounts
 from ..config import Config
 from ..envs import EnvSpec
@@ -90,7 +91,7 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
     made: List[Any] = []
     try:
         made.append(RunLife(segment_name(token, "life")))  # first: the proof the run is alive, held to the end
-        pool = SlotPool(FragmentLayout(spec, T), A, per, names.slots, True)
+        pool = SlotPool(FragmentLayout(spec, T, policy_state_shape(cfg.policy)), A, per, names.slots, True)
         made.append(pool)
         snap_block = SeqBlock(codec.size, "float32", names.snapshot, True)
         made.append(snap_block)
@@ -127,7 +128,8 @@ class _Runner:
         T = cfg.actor.rollout_len
         self.per_rollout = steps_per_rollout(cfg)
         self.ledger = Ledger(T, cfg.actor.envs_per_actor, cfg.transport.dedup_window, learner.allocate_incarnation)
-        self.admission = Admission(spec, cfg.actors, cfg.actor.envs_per_actor, cfg.transport.duplicates, T)
+        self.admission = Admission(spec, cfg.actors, cfg.actor.envs_per_actor, cfg.transport.duplicates, T,
+                                   policy_state_shape(cfg.policy))
         self.queue = FragmentQueue(cfg.transport.capacity, cfg.transport.max_bytes, cfg.transport.policy,
                                    on_discard=lambda f, first, bucket, reason:
                                    self.ledger.book(bucket, reason, f.length) if first is True else None)

@@ -20,6 +20,7 @@ SLOT_CORRUPTIONS = tuple(k for k in CORRUPTIONS if k != "shape")  # a slot has t
 from ..config import Config
 from ..fragment import Fragment
 from ..inference import SnapshotCodec
+from ..recurrent import policy_state_shape
 from ..lifetime import Bell, Lifeline, die_with_parent, forget_fork_server
 from ..shm import FragmentLayout, SeqBlock, SharedCounter, SlotPool, StatusBlock
 
@@ -99,7 +100,7 @@ def main(cfg: Config, actor_id: int, inc: int, names: Names, shapes, spec, per_a
     books: Optional[_Books] = None
     try:
         actor = Actor(cfg, actor_id, inc, expect=spec)  # (the learner's spec: the slots' layout is the learner's)
-        layout = FragmentLayout(spec, cfg.actor.rollout_len)
+        layout = FragmentLayout(spec, cfg.actor.rollout_len, policy_state_shape(cfg.policy))
         obs_shape = spec.obs_shape
         pool = SlotPool(layout, cfg.actors, per_actor, names.slots, create_new=False)
         snap_block = SeqBlock(SnapshotCodec(shapes, obs_shape).size, "float32", names.snapshot, create_new=False)
@@ -107,7 +108,8 @@ def main(cfg: Config, actor_id: int, inc: int, names: Names, shapes, spec, per_a
         status = StatusBlock(cfg.actors, names.status, create_new=False)
         budget = SharedCounter(names.budget, create_new=False, actors=cfg.actors)
         codec = SnapshotCodec(shapes, obs_shape)
-        ch = ChaosChannel(cfg.chaos, cfg.seed, actor_id, inc, kinds_for(spec.masked, SLOT_CORRUPTIONS))
+        ch = ChaosChannel(cfg.chaos, cfg.seed, actor_id, inc,
+                          kinds_for(spec.masked, SLOT_CORRUPTIONS, recurrent=actor.h is not None))
         books = _Books(ch)
         status.rows[actor_id, :] = 0.0  # the previous incarnation's row was read when it ended
         status.set(actor_id, beat=time.monotonic(), incarnation=inc, torch_loaded=float("torch" in sys.modules))

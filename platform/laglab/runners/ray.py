@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..accounting import Budget, Ledger
 from ..actor import ActorStats, Episode, steps_per_rollout, throttle_state
 from ..admission import Admission
+from ..recurrent import policy_state_shape
 from ..chaos import ChaosCounts
 from .. import timeline
 from ..config import Config
@@ -144,7 +145,8 @@ class _Runner:
         self.shapes = {k: tuple(v.shape) for k, v in learner.model.state_dict().items()}
         self.codec = SnapshotCodec(self.shapes, spec.obs_shape)
         self.ledger = Ledger(T, cfg.actor.envs_per_actor, cfg.transport.dedup_window, learner.allocate_incarnation)
-        self.admission = Admission(spec, cfg.actors, cfg.actor.envs_per_actor, cfg.transport.duplicates, T)
+        self.admission = Admission(spec, cfg.actors, cfg.actor.envs_per_actor, cfg.transport.duplicates, T,
+                                   policy_state_shape(cfg.policy))
         self.queue = FragmentQueue(cfg.transport.capacity, cfg.transport.max_bytes, cfg.transport.policy,
                                    on_discard=lambda f, first, bucket, reason:
                                    self.ledger.book(bucket, reason, f.length) if first is True else None)

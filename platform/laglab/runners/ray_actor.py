@@ -27,7 +27,7 @@ from ..fragment import Fragment, FragmentId
 from ..inference import SnapshotCodec
 
 ARRAYS = ("obs", "actions", "rewards", "terminated", "truncated", "logp", "values", "trunc_obs", "disc_return",
-          "last_obs", "mean", "log_std", "masks")
+          "last_obs", "mean", "log_std", "masks", "state", "final_state")
 HEADER = ("actor_id", "incarnation", "env_index", "episode_id", "episode_t0", "t_start", "t_end",
           "behavior_version", "schema_version")
 
@@ -39,7 +39,7 @@ def to_wire(f: Fragment) -> Tuple[np.ndarray, Tuple[Optional[np.ndarray], ...]]:
 
 
 def from_wire(item: Any) -> Fragment:
-    """The fragment a worker sent; ValueError for anything that is not (int64[9], 13 arrays or None). The
+    """The fragment a worker sent; ValueError for anything that is not (int64[9], 15 arrays or None). The
     contents are admission's to judge, as with every runner."""
     try:
         header, arrays = item
@@ -119,7 +119,8 @@ class RolloutWorker:
         self.cfg, self.actor_id, self.inc = cfg, actor_id, inc
         self.actor = Actor(cfg, actor_id, inc, expect=spec)
         self.codec = SnapshotCodec(shapes, spec.obs_shape)
-        self.ch = ChaosChannel(cfg.chaos, cfg.seed, actor_id, inc, kinds_for(self.actor.spec.masked))
+        kinds = kinds_for(self.actor.spec.masked, recurrent=self.actor.h is not None)
+        self.ch = ChaosChannel(cfg.chaos, cfg.seed, actor_id, inc, kinds)
         self.produced = 0
         self.in_hand = 0
         self.version = -1

@@ -8,6 +8,7 @@ import shutil
 
 from ..config import Config, ConfigError, batch_fragments
 from ..envs import EnvSpec
+from ..recurrent import policy_state_shape
 from ..shm import FragmentLayout
 
 # Architectures whose hardware keeps stores in order as other cores see them (total store order). The seqlock and
@@ -40,7 +41,8 @@ def check_fits(cfg: Config, spec: EnvSpec) -> None:
         raise ConfigError(f"invalid config: runner.slots_per_actor={per}; allowed: 0 (auto) or >= "
                           f"{-(-batch_fragments(cfg) // cfg.actors)}: the slot pool ({per * cfg.actors} fragments) "
                           f"must hold at least one batch ({batch_fragments(cfg)} fragments)")
-    need = per * cfg.actors * FragmentLayout(spec, cfg.actor.rollout_len).slot_bytes
+    need = per * cfg.actors * FragmentLayout(spec, cfg.actor.rollout_len,
+                                             policy_state_shape(cfg.policy)).slot_bytes
     try:
         free = shutil.disk_usage("/dev/shm").free
     except OSError:

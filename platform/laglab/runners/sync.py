@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Tuple
 
 from ..accounting import DUPLICATE, FIRST, TOO_OLD, Budget, Ledger
 from ..admission import Admission
+from ..recurrent import policy_state_shape
 from ..chaos import ChaosCounts
 from ..config import Config
 from ..envs import EnvSpec
@@ -65,7 +66,8 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
     intensity = RestartIntensity(cfg.runner.actors_max_restarts, cfg.runner.restart_window_s)
     slots: List[Incarnation] = [Incarnation(cfg, i, ledger, chaos_counts, chaos_lock, spec) for i in range(cfg.actors)]
     snap = [learner.snapshot()]
-    admission = Admission(spec, cfg.actors, cfg.actor.envs_per_actor, cfg.transport.duplicates, cfg.actor.rollout_len)
+    admission = Admission(spec, cfg.actors, cfg.actor.envs_per_actor, cfg.transport.duplicates, cfg.actor.rollout_len,
+                          policy_state_shape(cfg.policy))
     driver = LearnerDriver(cfg, learner, tracker, budget, admission, ledger, publish=lambda s: snap.__setitem__(0, s),
                            link_steps=lambda: ledger.link_steps(f for s in slots for f in s.link_contents()),
                            gauges=lambda: {"transport/queue_depth": 0.0, "transport/queue_bytes": 0.0},

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional
 from ..accounting import Budget, Ledger
 from ..actor import ActorStats, steps_per_rollout, throttle_state
 from ..admission import Admission
+from ..recurrent import policy_state_shape
 from ..chaos import ChaosCounts
 from .. import timeline
 from ..config import Config
@@ -65,7 +66,8 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
     store = PolicyStore(learner.snapshot())
     ledger = Ledger(cfg.actor.rollout_len, cfg.actor.envs_per_actor, cfg.transport.dedup_window,
                     learner.allocate_incarnation)
-    admission = Admission(spec, cfg.actors, cfg.actor.envs_per_actor, cfg.transport.duplicates, cfg.actor.rollout_len)
+    admission = Admission(spec, cfg.actors, cfg.actor.envs_per_actor, cfg.transport.duplicates, cfg.actor.rollout_len,
+                          policy_state_shape(cfg.policy))
     queue = FragmentQueue(cfg.transport.capacity, cfg.transport.max_bytes, cfg.transport.policy,
                           on_discard=lambda f, first, bucket, reason:
                           ledger.book(bucket, reason, f.length) if first is True else None)

@@ -40,7 +40,8 @@ class Incarnation:
         self.ledger = ledger
         self.incarnation = ledger.new_incarnation(actor_id)
         self.actor = Actor(cfg, actor_id, self.incarnation, expect=spec)
-        self.channel = ChaosChannel(cfg.chaos, cfg.seed, actor_id, self.incarnation, kinds_for(self.actor.spec.masked))
+        kinds = kinds_for(self.actor.spec.masked, recurrent=self.actor.h is not None)
+        self.channel = ChaosChannel(cfg.chaos, cfg.seed, actor_id, self.incarnation, kinds)
         self.actor.heartbeat = self.beat
         self.in_hand: List[Fragment] = []
         self.produced = 0
