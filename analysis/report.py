@@ -103,6 +103,13 @@ def build(runs: pd.DataFrame, curve_df: pd.DataFrame, lags: pd.DataFrame, opts: 
         pre_by = by if by is not None else cmp.varying_keys(runs[runs["used"]])
         runs, selection = cmp.select(runs, opts.select, cmp.parse_seeds(opts.select_on), pre_by)
         by = [b for b in pre_by if b != opts.select]  # the chosen value is part of the group, not a key of it
+        if not runs["used"].any():  # the selection phase of a study, before any held-out run
+            keys = [c for c in selection.columns if c.startswith("cfg.") and c != opts.select]
+            chosen = "; ".join(f"{cmp.label(keys, tuple(str(r[c]) for c in keys))}: {opts.select}={r[opts.select]:g}"
+                               for _, r in selection.iterrows())
+            raise AnalysisError(f"no run outside the selection seeds ({opts.select_on}) yet, so nothing to report on "
+                                f"held-out seeds. The selection chose: {chosen}. Run the held-out seeds at those "
+                                "values, then report all the run dirs together")
     if by is None:
         by = cmp.varying_keys(runs[runs["used"]])
     unknown = [b for b in by if b not in runs]

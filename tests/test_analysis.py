@@ -233,6 +233,21 @@ def test_a_hyperparameter_is_chosen_on_selection_seeds_and_reported_on_the_other
     assert "Selection (tuned on the selection seeds" in (tmp_path / "r" / "report.md").read_text()
 
 
+def test_the_selection_phase_alone_says_what_it_chose_and_keeps_its_compact_data_to_continue_from(tmp_path):
+    for lr, score in ((0.001, 100), (0.002, 200)):
+        for seed in range(3):
+            make_run(tmp_path / "runs", f"{lr}_{seed}", lag=0, seed=seed, auc_value=score, extra_cfg={"learner.lr": lr})
+    p = _report(tmp_path / "runs", "--out", tmp_path / "r", "--select", "cfg.learner.lr", "--select-on", "seed=0-2")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "no run outside the selection seeds (seed=0-2)" in p.stderr and "cfg.learner.lr=0.002" in p.stderr
+    assert len(pd.read_csv(tmp_path / "r" / "runs.csv")) == 6  # (a later report continues from these)
+    make_run(tmp_path / "held", "held_0.002_5", lag=0, seed=5, auc_value=150, extra_cfg={"learner.lr": 0.002})
+    p = _report(tmp_path / "r", tmp_path / "held", "--out", tmp_path / "r2", "--select", "cfg.learner.lr",
+                "--select-on", "seed=0-2")
+    assert p.returncode == 0, p.stderr
+    assert pd.read_csv(tmp_path / "r2" / "summary.csv")["runs"].tolist() == [1]
+
+
 def test_a_report_rebuilds_from_its_own_compact_files_with_identical_tables(tmp_path):
     lag_study(tmp_path / "runs", AUCS)
     out = tmp_path / "report"
