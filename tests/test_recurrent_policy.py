@@ -31,13 +31,16 @@ def rec(kind="gru", **over):
     return cfg_of(policy=policy, **over)
 
 
-def slow_states(model: RecurrentActorCritic, obs, state, dones):
-    """The model's states step by step: its core called one env and one step at a time."""
+def slow_states(model: RecurrentActorCritic, obs, state, dones, cut_at=0, cut=None):
+    """The model's states step by step: its core called one env and one step at a time (``cut``: the envs whose state
+    is detached before step ``cut_at``)."""
     T, N = obs.shape[:2]
     out = torch.zeros((T, N) + model.state_shape)
     for n in range(N):
         s = state[n:n + 1]
         for t in range(T):
+            if cut is not None and cut[n] and t == cut_at:
+                s = s.detach()
             s = model.step(obs[t, n:n + 1], s)
             out[t, n] = s[0]
             if dones[t, n]:
@@ -132,17 +135,21 @@ def test_fragments_carry_the_history_contract_and_the_learner_scores_lag_0_data_
     np.testing.assert_allclose(init.numpy(), np.stack([f.state for f in frags]), atol=1e-5)
 
 
-def test_a_join_needs_the_same_behavior_version_and_the_very_state():
+def test_a_join_needs_the_very_state_and_not_the_same_behavior_version():
     cfg = rec()
     _, _, frags = collect(cfg, rollouts=2)
     assert (successors(frags) >= 0).sum() == 4
     first, second = frags[:4], frags[4:]
-    bumped = [dataclasses.replace(g, id=dataclasses.replace(g.id, behavior_version=1)) for g in second]
-    assert (successors(first + bumped) >= 0).sum() == 0
     nudged = [dataclasses.replace(g, state=g.state + np.float32(1e-3)) for g in second]
     assert (successors(first + nudged) >= 0).sum() == 0
+    missing = [dataclasses.replace(f, final_state=None) for f in first]
+    assert (successors(missing + second) >= 0).sum() == 0
+    # a newer behavior version for the successor (an async actor loaded a snapshot between its rollouts): still one
+    # history, which the learner continues from the state the current policy computes
+    bumped = [dataclasses.replace(g, id=dataclasses.replace(g.id, behavior_version=1)) for g in second]
+    assert (successors(first + bumped) >= 0).sum() == 4
     # a feed-forward fragment pair joins on identity alone (as before recurrent policies)
-    plain = [dataclasses.replace(f, state=None, final_state=None) for f in first + bumped]
+    plain = [dataclasses.replace(f, state=None, final_state=None) for f in first + nudged]
     assert (successors(plain) >= 0).sum() == 4
 
 
@@ -217,20 +224,21 @@ def test_bad_recurrent_settings_are_refused_naming_the_key(overrides, key):
         cfg_of(**overrides)
 
 
-def slow_minibatch(learner, frags, init, keep):
+def slow_minibatch(learner, frags, init, keep, cut=None, model=None):
     """The learner's one-minibatch forward pass written the slow way: every fragment unrolled step by step from its
-    initial state with torch's cells, the kept steps' log-probs and values, in the flat order t * N + n."""
+    initial state, the kept steps' log-probs and values, in the flat order t * N + n."""
     b = learner._batch(frags)
     T, N = b.T, b.N
+    model = model or learner.model
     obs = b.obs.view((T, N) + learner.spec.obs_shape)
-    states = slow_states(learner.model, obs, init, b.dones.numpy())
+    states = slow_states(model, obs, init, b.dones.numpy(), learner.cfg.learner.burn_in, cut)
     logp, value, pos = [], [], []
     for t in range(T):
         for n in range(N):
             if keep[t, n]:
-                s = learner.model.output(states[t, n:n + 1])
-                logp.append(learner.model.logp_entropy_of(s, b.actions[t * N + n:t * N + n + 1])[0][0])
-                value.append(learner.model.value_of(s)[0])
+                s = model.output(states[t, n:n + 1])
+                logp.append(model.logp_entropy_of(s, b.actions[t * N + n:t * N + n + 1])[0][0])
+                value.append(model.value_of(s)[0])
                 pos.append(t * N + n)
     return torch.stack(logp), torch.stack(value), torch.tensor(pos)
 
@@ -240,8 +248,10 @@ def test_truncated_bptt_and_burn_in_match_the_slow_reference(burn_in):
     """One minibatch of every segment: the positions the loss counts, their log-probs and values, and the gradient of
     the loss through the unroll equal a step-by-step reference; burn-in leaves out the first steps of exactly the
     segments that start from a stored state (a chain's later links continue from a computed state)."""
-    cfg = rec(learner={"batch_size": 256, "minibatches": 1, "burn_in": burn_in})
-    learner, _, frags = collect(cfg, rollouts=4)
+    cfg = rec(env={"id": "laglab/CartPolePOMDP-v0", "max_episode_steps": 21},  # (truncations; episode ends
+              learner={"batch_size": 256, "minibatches": 1, "burn_in": burn_in})  # inside some burn-ins, not all)
+    learner, _, frags = collect(cfg, rollouts=5)
+    frags = frags[4:]  # (after the first rollout: chains that start mid-episode, from a stored state)
     torch.manual_seed(1)
     with torch.no_grad():
         for p in learner.model.parameters():
@@ -253,10 +263,22 @@ def test_truncated_bptt_and_burn_in_match_the_slow_reference(burn_in):
     heads = chain_heights(b.succ) == 0
     assert heads.sum() == 4 and (~heads).sum() == 12
     assert not torch.allclose(init[~heads], b.state[~heads], atol=1e-4)  # computed states, not the stored ones
-    keep = learner._loss_steps(b, heads)
-    assert int((~keep).sum()) == burn_in * 4 and not (~keep)[:, ~heads].any()
-    [(idx, logp, ent, v, prox)] = list(learner._minibatches(b, init, keep, False))
-    ref_logp, ref_v, ref_pos = slow_minibatch(learner, frags, init, keep.numpy())
+    keep, cut = learner._burn_in(b, heads)
+    # what burn-in leaves out, worked out fragment by fragment: the first k steps of a chain's first fragment when it
+    # starts mid-episode, through the first episode end if one comes sooner; nothing elsewhere
+    want = np.ones((16, 16), bool)
+    want_cut = np.zeros(16, bool)
+    for n, f in enumerate(frags):
+        if burn_in and heads[n] and f.id.episode_t0 > 0:
+            ends = np.flatnonzero((f.terminated | f.truncated)[:burn_in])
+            want[:ends[0] + 1 if len(ends) else burn_in, n] = False
+            want_cut[n] = not len(ends)
+    np.testing.assert_array_equal(keep.numpy(), want)
+    np.testing.assert_array_equal(cut.numpy(), want_cut)
+    if burn_in:  # (the cases are hit: a burn-in cut short by an episode end, and a whole one)
+        assert want_cut.any() and (~want[:, ~want_cut & heads]).any()
+    [(idx, logp, ent, v, prox)] = list(learner._minibatches(b, init, keep, False, cut))
+    ref_logp, ref_v, ref_pos = slow_minibatch(learner, frags, init, keep.numpy(), want_cut)
     order = torch.argsort(idx)
     assert torch.equal(idx[order], ref_pos) and prox is None
     torch.testing.assert_close(logp[order], ref_logp, atol=1e-5, rtol=1e-5)
@@ -266,21 +288,130 @@ def test_truncated_bptt_and_burn_in_match_the_slow_reference(burn_in):
     g_ref = torch.autograd.grad((ref_logp.sum() + ref_v.sum()), w)[0]
     torch.testing.assert_close(g, g_ref, atol=1e-4, rtol=1e-4)
     assert g.abs().sum() > 0
+    if burn_in:  # the gradient is cut after the burn-in: without the cut it differs
+        uncut = slow_minibatch(learner, frags, init, keep.numpy())
+        g_uncut = torch.autograd.grad(uncut[0].sum() + uncut[1].sum(), w)[0]
+        assert not torch.allclose(g_uncut, g_ref, atol=1e-4, rtol=1e-4)
+
+
+def perturbed(learner, scale=0.5, seed=1, model=None):
+    """``learner`` with its weights moved off their init (sharp logits: a log-prob error shows in a KL)."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in (model or learner.model).parameters():
+            p.add_(scale * torch.randn_like(p))
+    return learner
+
+
+POMDP = {"id": "laglab/CartPolePOMDP-v0", "max_episode_steps": 21}  # truncations, and episodes that span fragments
 
 
 def test_an_update_trains_a_recurrent_policy_and_reports_the_lag_measures():
-    cfg = rec(learner={"batch_size": 256, "minibatches": 2, "epochs": 2, "burn_in": 2})
-    learner, actor, frags = collect(cfg, rollouts=4)
+    cfg = rec(env=POMDP, learner={"batch_size": 256, "minibatches": 2, "epochs": 2, "burn_in": 2})
+    learner = perturbed(Learner(cfg, env_spec(cfg)))
+    actor = Actor(cfg, 0, 1)
+    actor.load(learner.snapshot())
+    frags = [f for _ in range(5) for f in actor.collect().fragments][4:]
     before = {k: v.clone() for k, v in learner.model.state_dict().items()}
     m = learner.update(frags)
     assert np.isfinite(m["losses/policy_loss"]) and np.isfinite(m["losses/value_loss"])
     assert abs(m["lag/kl_behavior"]) < 1e-5  # lag 0: the learner scores the behavior data as the actor did
+    assert m["learner/chain_starts_frac"] == 0.25 and 0 < m["learner/burn_in_frac"] <= 2 * 4 / 256
     assert not torch.equal(before["core.weight_hh_l0"], learner.model.core.weight_hh_l0)
-    snap = learner.publish_snapshot()
-    actor.load(snap)
-    again = actor.collect().fragments
-    learner2 = learner
-    assert abs(learner2.fragment_kl(again[0])) < 1e-5  # a fragment's own KL under its behavior weights: 0
+    actor.load(learner.publish_snapshot())
+    again = [f for f in actor.collect().fragments if f.state.any()]
+    assert again and all(abs(learner.fragment_kl(f)) < 1e-5 for f in again)  # under its behavior weights: 0
+    zeroed = dataclasses.replace(again[0], state=np.zeros_like(again[0].state))
+    assert learner.fragment_kl(zeroed) > 1e-3  # (the KL reads the stored state: without it, it is not 0)
+
+
+def numpy_gae(learner, frags):
+    """Values and GAE advantages of each env's fragments, joined in time order, written out step by step with the
+    actors' numpy network under the learner's current weights: the state zero at episode starts, a truncated step
+    bootstrapped with V(final observation) from the state after it, the end with V(last observation)."""
+    cfg, a = learner.cfg, learner.cfg.algo.advantage
+    pol = InferencePolicy(learner.snapshot(), learner.spec, cfg.policy.activation, cfg.policy.recurrent)
+    out = {}
+    for e in sorted({f.id.env_index for f in frags}):
+        chain = sorted((f.id.t_start, i, f) for i, f in enumerate(frags) if f.id.env_index == e)
+        s = chain[0][2].state[None].copy()
+        values, rewards, disc = [], [], []
+        for _, _, f in chain:
+            k = 0
+            for t in range(len(f.obs)):
+                *_, nxt = pol.act(f.obs[t][None], np.random.default_rng(0), None, s)
+                values.append(float(pol.value(f.obs[t][None], s)[0]))
+                r = float(f.rewards[t])
+                if f.truncated[t]:
+                    r += a.gamma * float(pol.value(f.trunc_obs[k][None], nxt)[0])
+                    k += 1
+                done = f.terminated[t] or f.truncated[t]
+                rewards.append(r)
+                disc.append(0.0 if done else a.gamma)
+                s = np.zeros_like(nxt) if done else nxt
+        boot = float(pol.value(chain[-1][2].last_obs[None], s)[0])
+        adv, nxt_adv, nxt_v = np.zeros(len(values)), 0.0, boot
+        for t in reversed(range(len(values))):
+            delta = rewards[t] + disc[t] * nxt_v - values[t]
+            nxt_adv = delta + disc[t] * a.lam * nxt_adv
+            adv[t], nxt_v = nxt_adv, values[t]
+        T = len(chain[0][2].obs)
+        for c, (_, i, _) in enumerate(chain):
+            out[i] = (np.array(values[c * T:(c + 1) * T]), adv[c * T:(c + 1) * T])
+    return out
+
+
+@pytest.mark.parametrize("kind", ["gru", "lstm"])
+def test_the_learners_values_and_gae_on_joined_chains_with_truncations_match_a_numpy_reference(kind):
+    """Weights other than the behavior's (so a joined fragment's computed state differs from its stored one): values
+    and advantages equal a reference run step by step over each env's whole history in numpy — wrong if a
+    truncation's bootstrap used the state after the reset, or a join the stored state."""
+    cfg = rec(kind, env=POMDP, learner={"batch_size": 256, "minibatches": 1})
+    learner, _, frags = collect(cfg, rollouts=4)
+    assert sum(f.truncated.sum() for f in frags) >= 4 and (successors(frags) >= 0).sum() == 12
+    perturbed(learner, 0.3)
+    adv, _ = learner.advantages(frags)
+    ref = numpy_gae(learner, frags)
+    values = learner._targets(learner._batch(frags))[2]
+    for i, (v, a) in ref.items():
+        np.testing.assert_allclose(values[:, i].numpy(), v, atol=2e-5)
+        np.testing.assert_allclose(adv[:, i].numpy(), a, atol=1e-4)
+
+
+def test_kl_adaptive_measures_the_update_from_the_states_the_update_started_from():
+    cfg = rec(env=POMDP, learner={"batch_size": 256, "minibatches": 2, "lr_schedule": "kl_adaptive",
+                                  "kl_target": 0.01, "lr": 0.003})
+    learner, _, frags = collect(cfg, rollouts=5)
+    frags = frags[4:]
+    perturbed(learner, 0.3)
+    b = learner._batch(frags)
+    _, _, _, start_logp, init = learner._recurrent_pass(b)
+    m = learner.update(frags)
+    with torch.no_grad():
+        obs = b.obs.view((b.T, b.N) + learner.spec.obs_shape)
+        h = learner.model.output(slow_states(learner.model, obs, init, b.dones.numpy())).flatten(0, 1)
+        now = learner.model.logp_entropy_of(h, b.actions)[0]
+    from laglab import algo
+    assert m["learner/update_kl"] == pytest.approx(float(algo.approx_kl_k3(now, start_logp.reshape(-1))), rel=1e-3)
+
+
+def test_the_ewma_proximal_policy_runs_along_the_chains_from_its_own_states():
+    cfg = rec(env=POMDP, algo={"loss": {"kind": "decoupled", "prox": "ewma"}},
+              learner={"batch_size": 256, "minibatches": 1})
+    learner, _, frags = collect(cfg, rollouts=4)
+    perturbed(learner, 0.3)
+    perturbed(learner, 0.3, seed=2, model=learner.prox_model)
+    b = learner._batch(frags)
+    extras = {}
+    learner._targets(b, extras)
+    prox_init = learner._recurrent_pass(b, learner.prox_model)[4]
+    joined = chain_heights(b.succ) > 0
+    assert not torch.allclose(prox_init[joined], extras["init"][joined], atol=1e-4)
+    keep = torch.ones((b.T, b.N), dtype=torch.bool)
+    [(idx, _, _, _, prox)] = list(learner._minibatches(b, extras["init"], keep, True, None, prox_init))
+    ref = slow_minibatch(learner, frags, prox_init, keep.numpy(), model=learner.prox_model)[0]
+    torch.testing.assert_close(prox[torch.argsort(idx)], ref.detach(), atol=1e-5, rtol=1e-5)
+    learner.update(frags)  # (and an update runs with it)
 
 
 def test_a_recurrent_checkpoint_does_not_fit_a_feed_forward_run_nor_another_core(tmp_path):

@@ -155,8 +155,9 @@ class LearnerConfig:
     # arrives while the actors act with an older version than the learner's (broadcast_every > 1, fixed_lag),
     # publish the newest to them at once; null = keep all
     max_kl_behavior: Optional[float] = None
-    # recurrent policies: the first burn_in steps of a segment that starts from its stored (behavior) state are run
-    # under the current policy to refresh the state and left out of the loss, as R2D2's burn-in (0 = none)
+    # recurrent policies: the first burn_in steps of a fragment that starts mid-episode from its stored (behavior)
+    # state are run under the current policy to refresh the state, left out of the loss and cut from the gradient,
+    # as R2D2's burn-in (up to the first episode end in them; 0 = none)
     burn_in: int = 0
     checkpoint: bool = True  # checkpoints/final.pt at the end
     checkpoint_every: int = 0  # also checkpoints/latest.pt every N updates (0 = never)
@@ -539,9 +540,9 @@ def validate(cfg: Any) -> Config:
              "0 unless policy.recurrent is gru or lstm (burn-in refreshes a recurrent state)", lr.burn_in)
     if c.policy.recurrent != "none":
         n_frag = lr.batch_size // a.rollout_len
-        _require(lr.minibatches <= n_frag, "learner.minibatches",
-                 f"at most the fragments in a batch (learner.batch_size / actor.rollout_len = {n_frag}) with a "
-                 "recurrent policy: its minibatches are whole segments", lr.minibatches)
+        _require(n_frag % lr.minibatches == 0, "learner.minibatches",
+                 f"a divisor of the fragments in a batch (learner.batch_size / actor.rollout_len = {n_frag}) with a "
+                 "recurrent policy: its minibatches are whole fragments, of equal size", lr.minibatches)
     per_round = a.envs_per_actor * a.rollout_len
     if a.max_lead_steps is not None:
         _require(

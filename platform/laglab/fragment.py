@@ -83,6 +83,12 @@ def successors(frags: Sequence[Fragment]) -> np.ndarray:
     fragment from the same actor id or env slot proves nothing (a restarted actor reuses its counters under
     a new incarnation). A gap leaves the fragment without a successor: its segment ends and is bootstrapped
     from the value of its last observation.
+
+    Recurrent fragments (they carry a ``state``) must also keep the history contract: the successor starts from
+    exactly the state the predecessor ended in. Otherwise the two are not joined: each starts from its own stored
+    state. (The successor's behavior version may differ: the learner continues a joined successor from the state
+    the *current* policy ends the predecessor in, so the version that acted does not enter the state; gating on it
+    would cut nearly every join on the asynchronous runners, where the version changes between rollouts.)
     """
     index: Dict[Tuple[int, int, int], int] = {}
     for j, f in enumerate(frags):
@@ -103,10 +109,10 @@ def successors(frags: Sequence[Fragment]) -> np.ndarray:
 
 
 def continues(f: Fragment, g: Fragment) -> bool:
-    """The history contract between two adjacent recurrent fragments: ``g`` was collected under ``f``'s behavior
-    version and starts from the state ``f`` ended in (bit for bit)."""
-    return (g.id.behavior_version == f.id.behavior_version and g.state is not None and f.final_state is not None
-            and g.state.shape == f.final_state.shape and np.array_equal(g.state, f.final_state))
+    """The history contract between two adjacent recurrent fragments: ``g`` starts from the state ``f`` ended in
+    (bit for bit)."""
+    return (g.state is not None and f.final_state is not None and g.state.shape == f.final_state.shape
+            and np.array_equal(g.state, f.final_state))
 
 
 def chain_depths(succ: np.ndarray) -> np.ndarray:

@@ -107,6 +107,7 @@ class Batch(NamedTuple):
     # recurrent policies
     state: Optional[torch.Tensor] = None  # [N, *S] each fragment's stored (behavior) initial state
     dones: Optional[torch.Tensor] = None  # [T, N] bool: an episode ended at step t (the state is zeroed after it)
+    starts_episode: Optional[np.ndarray] = None  # [N] bool: the fragment's first step starts an episode (state 0)
 
 
 def chain_heights(succ: np.ndarray) -> np.ndarray:
@@ -281,6 +282,7 @@ class Learner:
             masks=None if s.masks is None else torch.from_numpy(s.masks).reshape(T * N, -1),
             state=None if s.state is None else torch.from_numpy(s.state),
             dones=None if s.state is None else torch.from_numpy(s.terminated | s.truncated),
+            starts_episode=None if s.state is None else np.array([f.id.episode_t0 == 0 for f in frags]),
         )
 
     def audit(self, frags: Sequence[Fragment]) -> int:
@@ -294,24 +296,27 @@ class Learner:
                            b.last_obs.numpy(), frags, self.cfg.actor.envs_per_actor, b.succ,
                            None if b.masks is None else b.masks.numpy())
 
-    def _unroll(self, model, b: "Batch", init: torch.Tensor, cols=None):
+    def _unroll(self, model, b: "Batch", init: torch.Tensor, cols=None, cut: Optional[torch.Tensor] = None):
         """A recurrent model run over the batch's columns ``cols`` (all by default), each from its state in ``init``
-        [N, *S]: (h [T, n, H], ends [T, n, *S]) as :meth:`RecurrentActorCritic.unroll`."""
+        [N, *S]: (h [T, n, H], ends [T, n, *S]) as :meth:`RecurrentActorCritic.unroll`; ``cut`` [N] bool: the columns
+        whose state is detached after the burn-in steps."""
         obs = b.obs.view((b.T, b.N) + self.spec.obs_shape)
+        k = self.cfg.learner.burn_in
         if cols is None:
-            return model.unroll(obs, init, b.dones)
-        return model.unroll(obs[:, cols], init[cols], b.dones[:, cols])
+            return model.unroll(obs, init, b.dones, k, cut)
+        return model.unroll(obs[:, cols], init[cols], b.dones[:, cols], k, None if cut is None else cut[cols])
 
     @torch.no_grad()
-    def _recurrent_pass(self, b: "Batch"):
-        """A recurrent policy's evaluation of a batch under the current weights: (values [T, N], bootstrap [N],
-        values of the truncations' final observations [K], current log-probs [T, N], initial states [N, *S]).
+    def _recurrent_pass(self, b: "Batch", model=None):
+        """A recurrent policy's evaluation of a batch under the current weights (or ``model``'s): (values [T, N],
+        bootstrap [N], values of the truncations' final observations [K], current log-probs [T, N], initial states
+        [N, *S]).
 
         A fragment that is the first of its chain in the batch starts from its stored state (the behavior
         policy's); a fragment joined to its predecessor (:func:`laglab.fragment.successors`: adjacent, the same
         behavior version, the stored states agree) continues from the state the current policy ends the
         predecessor in, so a chain is one sequence. Chains are run from their starts forwards, one link at a time."""
-        T, N, m = b.T, b.N, self.model
+        T, N, m = b.T, b.N, model or self.model
         height = chain_heights(b.succ)
         init = b.state.clone()
         hs = torch.zeros((T, N, m.hidden))
@@ -337,14 +342,25 @@ class Learner:
         cur_logp = m.logp_entropy_of(hs.flatten(0, 1), b.actions, b.masks)[0].view(T, N)
         return values, bootstrap, trunc_values, cur_logp, init
 
-    def _loss_steps(self, b: "Batch", init_from_store: np.ndarray) -> torch.Tensor:
-        """[T, N] bool: the steps the loss counts (recurrent ``learner.burn_in``: a segment that starts from its stored
-        state leaves its first burn_in steps out; they only refresh the state)."""
+    def _burn_in(self, b: "Batch", heads: np.ndarray):
+        """(keep [T, N] bool: the steps the loss counts, cut [N] bool: the columns whose state is detached after the
+        burn-in). ``learner.burn_in=k``: a fragment that starts mid-episode from its stored (behavior) state — the
+        first of its chain in the batch (``heads``) — leaves its first k steps out of the loss and out of the
+        gradient (they only refresh the state, as R2D2's burn-in), or fewer when an episode ends among them: the
+        steps after that start from the exact zero state and count. Fragments that start an episode, and those
+        continuing a chain from a computed state, keep every step."""
         keep = torch.ones((b.T, b.N), dtype=torch.bool)
+        cut = torch.zeros(b.N, dtype=torch.bool)
         k = self.cfg.learner.burn_in
         if k:
-            keep[:k, torch.from_numpy(np.flatnonzero(init_from_store))] = False
-        return keep
+            stale = heads & ~b.starts_episode
+            d = b.dones[:k].numpy()
+            ended = d.any(axis=0)
+            n_out = np.where(ended, d.argmax(axis=0) + 1, k)  # steps left out: through the first episode end
+            for n in np.flatnonzero(stale):
+                keep[:n_out[n], n] = False
+            cut = torch.from_numpy(stale & ~ended)  # (an episode end within the burn-in zeroes the state anyway)
+        return keep, cut
 
     @torch.no_grad()
     def _targets(self, b: "Batch", extras: Optional[Dict[str, Any]] = None):
@@ -423,11 +439,15 @@ class Learner:
         sums: Dict[str, float] = collections.defaultdict(float)
         n_mb = 0
         epochs_done = 0
-        init = extras.get("init")
-        keep = None if init is None else self._loss_steps(b, chain_heights(b.succ) == 0)
+        init, keep, cut = extras.get("init"), None, None
+        if init is not None:
+            heads = chain_heights(b.succ) == 0
+            keep, cut = self._burn_in(b, heads)
+            if self.prox_model is not None:  # the EWMA policy's own states, along the same chains
+                extras["prox_init"] = self._recurrent_pass(b, self.prox_model)[4]
         for _ in range(lc.epochs):
             kl_epoch = []
-            for idx, logp, ent, v, prox in self._minibatches(b, init, keep, decoupled):
+            for idx, logp, ent, v, prox in self._minibatches(b, init, keep, decoupled, cut, extras.get("prox_init")):
                 a = b_adv[idx]
                 if loss_cfg.norm_adv and len(idx) > 1:
                     a = (a - a.mean()) / (a.std() + 1e-8)
@@ -503,11 +523,15 @@ class Learner:
         })
         if update_kl is not None:
             m["learner/update_kl"] = update_kl
+        if keep is not None:  # recurrent: fragments that start from their stored (behavior) state; steps burnt in
+            m["learner/chain_starts_frac"] = float(heads.mean())
+            m["learner/burn_in_frac"] = 1.0 - float(keep.float().mean())
         if audit:
             m["transport/audit_misattributed"] = float(misattributed)
         return m
 
-    def _minibatches(self, b: "Batch", init: Optional[torch.Tensor], keep: Optional[torch.Tensor], decoupled: bool):
+    def _minibatches(self, b: "Batch", init: Optional[torch.Tensor], keep: Optional[torch.Tensor], decoupled: bool,
+                     cut: Optional[torch.Tensor] = None, prox_init: Optional[torch.Tensor] = None):
         """One epoch's minibatches: (flat positions in [T*N], log-probs, entropies, values — with gradients — and the
         EWMA proximal log-probs or None). Feed-forward: ``learner.minibatches`` random sets of transitions.
         Recurrent: random sets of whole segments (fragments), each unrolled from its initial state in ``init`` with
@@ -534,12 +558,12 @@ class Learner:
             k = keep[:, cols]
             idx = (steps + cols.view(1, -1))[k]
             m_idx = None if masks is None else masks[idx]
-            h = self._unroll(self.model, b, init, cols)[0][k]
+            h = self._unroll(self.model, b, init, cols, cut)[0][k]
             logp, ent = self.model.logp_entropy_of(h, actions[idx], m_idx)
             prox = None
             if ewma:
                 with torch.no_grad():
-                    prox = self.prox_model.logp_entropy_of(self._unroll(self.prox_model, b, init, cols)[0][k],
+                    prox = self.prox_model.logp_entropy_of(self._unroll(self.prox_model, b, prox_init, cols)[0][k],
                                                            actions[idx], m_idx)[0]
             yield idx, logp, ent, self.model.value_of(h), prox
 
