@@ -40,7 +40,7 @@ def reached(run_dir: Path, goal: float = GOAL):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--seeds", type=int, default=5, help="0: skip the learning arm")
     ap.add_argument("--first-seed", type=int, default=1)
     ap.add_argument("--steps", type=int, default=500_000)
     ap.add_argument("--runner", default="sync")
@@ -66,18 +66,19 @@ def main() -> None:
             at = "never" if r["at"] is None else f"{r['at']:,}"
             print(f"  {arm:4s} seed {seed}: best rolling-20 return {r['best']:.1f}, 475 at {at}, final "
                   f"{r['final']:.1f}, {r['sps']:,.0f} sps", flush=True)
-    print(f"\nenv=cartpole_pomdp, runner={a.runner}, {a.steps:,} env steps, seeds {seeds.start}..{seeds.stop - 1} "
-          f"(MLP: {' '.join(arms['mlp'])}; {a.core}: {' '.join(arms[a.core])}; runs in {out})")
-    print("| policy | reached 475 | best rolling-20 return per seed | env steps to 475 (median of those that did) |")
-    print("| --- | --- | --- | --- |")
-    for arm, rows in res.items():
-        hits = [r["at"] for r in rows if r["at"] is not None]
-        med = f"{np.median(hits):,.0f}" if hits else "-"
-        best = " / ".join(f"{r['best']:.0f}" for r in rows)
-        print(f"| {arm} | {len(hits)}/{len(rows)} | {best} | {med} |")
+    if a.seeds:
+        print(f"\nenv=cartpole_pomdp, runner={a.runner}, {a.steps:,} env steps, seeds {seeds.start}..{seeds.stop - 1} "
+              f"(MLP: {' '.join(arms['mlp'])}; {a.core}: {' '.join(arms[a.core])}; runs in {out})")
+        print("| policy | reached 475 | best rolling-20 return per seed | env steps to 475 (median of those that did) |")
+        print("| --- | --- | --- | --- |")
+        for arm, rows in res.items():
+            hits = [r["at"] for r in rows if r["at"] is not None]
+            med = f"{np.median(hits):,.0f}" if hits else "-"
+            best = " / ".join(f"{r['best']:.0f}" for r in rows)
+            print(f"| {arm} | {len(hits)}/{len(rows)} | {best} | {med} |")
     if a.sps_steps:
         sps = {k: [] for k in arms}
-        for seed in range(a.first_seed, a.first_seed + a.sps_seeds):
+        for seed in range(a.first_seed, a.first_seed + a.sps_seeds):  # interleaved
             for arm, over in arms.items():
                 name = f"sps_{arm}_s{seed}"
                 r = train(out, name, ["env=cartpole_pomdp", f"total_env_steps={a.sps_steps}", "runner=process",

@@ -24,13 +24,8 @@ KINDS = ("gru", "lstm")
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
-    # two branches, so that neither exp overflows for large |x|
-    out = np.empty_like(x)
-    pos = x >= 0
-    out[pos] = 1.0 / (1.0 + np.exp(-x[pos]))
-    e = np.exp(x[~pos])
-    out[~pos] = e / (1.0 + e)
-    return out
+    # sigmoid(x) = (1 + tanh(x / 2)) / 2: one vectorized op, and no exp to overflow for large |x|
+    return 0.5 + 0.5 * np.tanh(0.5 * x)
 
 
 def state_shape(kind: str, hidden: int) -> tuple:
@@ -77,13 +72,14 @@ class Cell:
             z = _sigmoid(gi[:, H:2 * H] + gh[:, H:2 * H])
             n = np.tanh(gi[:, 2 * H:] + r * gh[:, 2 * H:])
             return ((1.0 - z) * n + z * h).astype(np.float32)
-        h, c = state[:, 0], state[:, 1]
+        h, c = np.ascontiguousarray(state[:, 0]), state[:, 1]
         g = gi + h @ self.w_hh + self.b_hh
-        i, f = _sigmoid(g[:, :H]), _sigmoid(g[:, H:2 * H])
-        gg, o = np.tanh(g[:, 2 * H:3 * H]), _sigmoid(g[:, 3 * H:])
-        c2 = f * c + i * gg
-        h2 = o * np.tanh(c2)
-        return np.stack([h2, c2], axis=1).astype(np.float32)
+        sg = _sigmoid(g)  # (i, f and o; g's block is tanh'd below)
+        out = np.empty((len(g), 2, H), np.float32)
+        c2 = sg[:, H:2 * H] * c + sg[:, :H] * np.tanh(g[:, 2 * H:3 * H])
+        out[:, 1] = c2
+        out[:, 0] = sg[:, 3 * H:] * np.tanh(c2)
+        return out
 
     @staticmethod
     def output(kind: str, state: np.ndarray) -> np.ndarray:
