@@ -76,6 +76,8 @@ def test_numpy_inference_matches_the_torch_network_over_a_sequence_with_resets(k
         ref = slow_states(model, torch.from_numpy(obs), model.zero_state(N), dones)
         np.testing.assert_allclose(np.stack(states), ref.numpy(), atol=1e-5)  # numpy against torch, every state
         np.testing.assert_allclose(h.numpy(), model.output(ref).numpy(), atol=1e-6)  # the fused unroll's outputs
+        pieces = model.outputs(torch.from_numpy(obs), model.zero_state(N), torch.from_numpy(dones))
+        np.testing.assert_allclose(pieces.numpy(), h.numpy(), atol=1e-6)  # ... and the gradient pass's, piece-wise
         at = dones.copy()
         at[-1] = True  # ... and its states where an episode ends and at the end
         np.testing.assert_allclose(ends.numpy()[at], ref.numpy()[at], atol=1e-6)

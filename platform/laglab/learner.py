@@ -558,7 +558,9 @@ class Learner:
             k = keep[:, cols]
             idx = (steps + cols.view(1, -1))[k]
             m_idx = None if masks is None else masks[idx]
-            h = self._unroll(self.model, b, init, cols, cut)[0][k]
+            obs_c = b.obs.view((b.T, b.N) + self.spec.obs_shape)[:, cols]
+            h = self.model.outputs(obs_c, init[cols], b.dones[:, cols], lc.burn_in,
+                                   None if cut is None else cut[cols])[k]
             logp, ent = self.model.logp_entropy_of(h, actions[idx], m_idx)
             prox = None
             if ewma:

@@ -151,6 +151,46 @@ class RecurrentActorCritic(nn.Module):
         ends[-1] = self._state(hx)
         return torch.cat(hs), ends
 
+    def outputs(self, obs: Tensor, state: Tensor, dones: Tensor, cut_at: int = 0,
+                cut: Optional[Tensor] = None) -> Tensor:
+        """h [T, N, H] as :meth:`unroll` (with gradients), in one call of the fused kernel: every sequence is split at
+        its own episode ends and each piece runs as its own column (from the sequence's state, or from zero after an
+        episode end), padded at its end (the kernel is causal: padding never reaches a piece's steps). ``cut`` [N]
+        bool: these sequences start at step ``cut_at`` from their state there, computed without gradients (burn-in;
+        their h before ``cut_at`` is zero: those steps are left out of the loss; a cut sequence has no episode end
+        before ``cut_at``)."""
+        T, N = obs.shape[0], obs.shape[1]
+        x = self.enc(obs.reshape((T * N, -1)))
+        init = state
+        start = np.zeros(N, dtype=np.int64)
+        if cut is not None and 0 < cut_at < T and bool(cut.any()):
+            c = torch.from_numpy(np.flatnonzero(cut.cpu().numpy()))
+            with torch.no_grad():
+                _, hx = self.core(x.view(T, N, -1)[:cut_at, c], self._hx(state[c]))
+            init = state.clone()
+            init[c] = self._state(hx)
+            start[c.numpy()] = cut_at
+        d = dones.cpu().numpy()
+        cols, a0, lens, zero = [], [], [], []
+        for n in range(N):
+            a = int(start[n])
+            for t in list(np.flatnonzero(d[a:T - 1, n]) + a) + [T - 1]:
+                cols.append(n)
+                a0.append(a)
+                lens.append(int(t) + 1 - a)
+                zero.append(a != start[n])
+                a = int(t) + 1
+        S, L = len(cols), max(lens)
+        cols_t, a0_t, lens_t = torch.tensor(cols), torch.tensor(a0), torch.tensor(lens)
+        step = torch.arange(L).view(-1, 1)
+        valid = step < lens_t.view(1, -1)  # [L, S]
+        pos = (a0_t.view(1, -1) + step) * N + cols_t.view(1, -1)  # [L, S] positions in [T * N]
+        pos = torch.where(valid, pos, torch.full_like(pos, T * N))  # (padding reads a zero row)
+        xs = torch.cat([x, x.new_zeros((1, x.shape[1]))])[pos.reshape(-1)].view(L, S, -1)
+        h0 = init[cols_t] * (~torch.tensor(zero)).to(x.dtype).view((S,) + (1,) * len(self.state_shape))
+        out, _ = self.core(xs, self._hx(h0))
+        return x.new_zeros((T * N, self.hidden)).index_put((pos[valid],), out[valid]).view(T, N, -1)
+
     def clamped_log_std(self) -> Tensor:
         return torch.clamp(self.log_std, LOG_STD_MIN, LOG_STD_MAX)
 
