@@ -111,22 +111,12 @@ class Batch(NamedTuple):
 
 
 def chain_heights(succ: np.ndarray) -> np.ndarray:
-    """Distance from each fragment to the start of its chain (0 = no fragment in the batch precedes it)."""
+    """Distance from each fragment to the start of its chain (0 = no fragment in the batch precedes it): the
+    depths of the links reversed."""
     pred = np.full(len(succ), -1, dtype=np.int64)
-    for i, j in enumerate(succ):
-        if j >= 0:
-            pred[j] = i
-    height = np.full(len(succ), -1, dtype=np.int64)
-    for i in range(len(succ)):
-        path, j = [], i
-        while j >= 0 and height[j] < 0 and len(path) <= len(succ):
-            path.append(j)
-            j = int(pred[j])
-        h = height[j] + 1 if j >= 0 else 0
-        for k in reversed(path):
-            height[k] = h
-            h += 1
-    return height
+    has = succ >= 0
+    pred[succ[has]] = np.flatnonzero(has)
+    return chain_depths(pred)
 
 
 class Learner:
