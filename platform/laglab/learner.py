@@ -110,13 +110,17 @@ class Batch(NamedTuple):
     starts_episode: Optional[np.ndarray] = None  # [N] bool: the fragment's first step starts an episode (state 0)
 
 
-def chain_heights(succ: np.ndarray) -> np.ndarray:
-    """Distance from each fragment to the start of its chain (0 = no fragment in the batch precedes it): the
-    depths of the links reversed."""
+def predecessors(succ: np.ndarray) -> np.ndarray:
+    """For each fragment, the index of the fragment it continues in the batch, else -1 (the links reversed)."""
     pred = np.full(len(succ), -1, dtype=np.int64)
     has = succ >= 0
     pred[succ[has]] = np.flatnonzero(has)
-    return chain_depths(pred)
+    return pred
+
+
+def chain_heights(succ: np.ndarray) -> np.ndarray:
+    """Distance from each fragment to the start of its chain (0 = no fragment in the batch precedes it)."""
+    return chain_depths(predecessors(succ))
 
 
 class Learner:
@@ -286,15 +290,13 @@ class Learner:
                            b.last_obs.numpy(), frags, self.cfg.actor.envs_per_actor, b.succ,
                            None if b.masks is None else b.masks.numpy())
 
-    def _unroll(self, model, b: "Batch", init: torch.Tensor, cols=None, cut: Optional[torch.Tensor] = None):
+    def _unroll(self, model, b: "Batch", init: torch.Tensor, cols=None):
         """A recurrent model run over the batch's columns ``cols`` (all by default), each from its state in ``init``
-        [N, *S]: (h [T, n, H], ends [T, n, *S]) as :meth:`RecurrentActorCritic.unroll`; ``cut`` [N] bool: the columns
-        whose state is detached after the burn-in steps."""
+        [N, *S]: (h [T, n, H], ends [T, n, *S]) as :meth:`RecurrentActorCritic.unroll`."""
         obs = b.obs.view((b.T, b.N) + self.spec.obs_shape)
-        k = self.cfg.learner.burn_in
         if cols is None:
-            return model.unroll(obs, init, b.dones, k, cut)
-        return model.unroll(obs[:, cols], init[cols], b.dones[:, cols], k, None if cut is None else cut[cols])
+            return model.unroll(obs, init, b.dones)
+        return model.unroll(obs[:, cols], init[cols], b.dones[:, cols])
 
     @torch.no_grad()
     def _recurrent_pass(self, b: "Batch", model=None):
@@ -303,8 +305,8 @@ class Learner:
         [N, *S]).
 
         A fragment that is the first of its chain in the batch starts from its stored state (the behavior
-        policy's); a fragment joined to its predecessor (:func:`laglab.fragment.successors`: adjacent, the same
-        behavior version, the stored states agree) continues from the state the current policy ends the
+        policy's); a fragment joined to its predecessor (:func:`laglab.fragment.successors`: adjacent, and the stored
+        states agree) continues from the state the current policy ends the
         predecessor in, so a chain is one sequence. Chains are run from their starts forwards, one link at a time."""
         T, N, m = b.T, b.N, model or self.model
         height = chain_heights(b.succ)
@@ -312,10 +314,7 @@ class Learner:
         hs = torch.zeros((T, N, m.hidden))
         ends = torch.zeros((T, N) + m.state_shape)
         keep_last = (~b.dones[-1]).to(ends.dtype).view((N,) + (1,) * len(m.state_shape))
-        pred = np.full(N, -1, dtype=np.int64)
-        for i, j in enumerate(b.succ):
-            if j >= 0:
-                pred[j] = i
+        pred = predecessors(b.succ)
         for level in range(int(height.max()) + 1):
             cols = torch.from_numpy(np.flatnonzero(height == level))
             if level > 0:

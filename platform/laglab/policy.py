@@ -118,11 +118,9 @@ class RecurrentActorCritic(nn.Module):
         """What the heads read: h (of a GRU state [..., H] or an LSTM state [..., 2, H])."""
         return state if self.kind == "gru" else state.select(-2, 0)
 
-    def unroll(self, obs: Tensor, state: Tensor, dones: Tensor, cut_at: int = 0,
-               cut: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    def unroll(self, obs: Tensor, state: Tensor, dones: Tensor) -> Tuple[Tensor, Tensor]:
         """Run ``T`` steps of ``N`` sequences: ``obs`` [T, N, *obs], ``state`` [N, *S] the state before the first step,
-        ``dones`` [T, N] bool (an episode ended at step t: the state is zero before step t + 1); ``cut`` [N] bool: the
-        sequences whose state is detached before step ``cut_at`` (burn-in: no gradient flows into the steps before).
+        ``dones`` [T, N] bool (an episode ended at step t: the state is zero before step t + 1).
 
         Returns (h [T, N, H]: what the heads read at each step, ends [T, N, *S]: the state after step t, before any
         reset, at every step that ends an episode and at the last step; zero elsewhere)."""
@@ -131,13 +129,9 @@ class RecurrentActorCritic(nn.Module):
         ends = torch.zeros((T, N) + self.state_shape, dtype=x.dtype)
         # run the steps between two episode ends (of any sequence) as one call of the fused kernel, then zero the
         # states of the sequences whose episode ended: a few calls once episodes are long, T at worst
-        cuts = set((np.flatnonzero(dones[:-1].any(dim=1).cpu().numpy()) + 1).tolist())
-        detach = cut is not None and 0 < cut_at < T and bool(cut.any())
-        if detach:
-            cuts.add(cut_at)
-            cut = cut.view((N,) + (1,) * len(self.state_shape))
+        cuts = np.flatnonzero(dones[:-1].any(dim=1).cpu().numpy()) + 1
         hs, s, a = [], state, 0
-        for b in sorted(cuts) + [T]:
+        for b in list(cuts) + [T]:
             out, hx = self.core(x[a:b], self._hx(s))
             hs.append(out)
             s = self._state(hx)
@@ -145,8 +139,6 @@ class RecurrentActorCritic(nn.Module):
             if b < T:
                 ends[b - 1] = s * done.view((N,) + (1,) * len(self.state_shape))
                 s = s * (~done).to(s.dtype).view((N,) + (1,) * len(self.state_shape))
-                if detach and b == cut_at:
-                    s = torch.where(cut, s.detach(), s)
             a = b
         ends[-1] = self._state(hx)
         return torch.cat(hs), ends
