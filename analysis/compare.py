@@ -216,12 +216,17 @@ def summarize(df: pd.DataFrame, by: Optional[Sequence[str]] = None, baseline: Op
             if m not in g:
                 continue
             xt, _ = _tasks(g, m)
+            # over the runs where the measure exists (steps and time to a threshold: the runs that reached it; the
+            # others are counted by ``reached``), and a CI only from enough of them
+            k = int(sum(np.isfinite(a).sum() for a in xt))
             row[f"{m}_iqm"] = stats.iqm(xt)
             row[f"{m}_mean"] = stats.mean(xt)
-            if n >= MIN_CI_RUNS:
+            if k >= MIN_CI_RUNS:
                 _, row[f"{m}_low"], row[f"{m}_high"] = stats.interval(stats.iqm, xt, reps, seed=seed)
+                row[f"{m}_interval"] = "bootstrap 95% CI"
             else:
                 row[f"{m}_low"], row[f"{m}_high"] = stats.seed_range(np.concatenate(xt))
+                row[f"{m}_interval"] = "seed range"
         if "reached" in g and g["reached"].notna().any():
             row["reached"] = int(g["reached"].astype(bool).sum())
         row["code"] = _code(g)
@@ -411,9 +416,10 @@ def select(df: pd.DataFrame, key: str, on_seeds: Sequence[int], by: Sequence[str
     rows = []
     keep = pd.Series(False, index=df.index)
     for gk, g in groups_of(df[used], by):
-        cand = {}
+        cand, n_runs = {}, {}
         for v, gv in g[sel_seed[g.index]].groupby(key, dropna=False, sort=True):
             cand[str(v)] = stats.iqm(gv[col].to_numpy(float))
+            n_runs[str(v)] = int(np.isfinite(gv[col].to_numpy(float)).sum())
         finite = {v: s for v, s in cand.items() if np.isfinite(s)}
         held_values = g.loc[~sel_seed[g.index], key].astype(str).unique()
         if not finite and not cand and len(held_values) == 1:
@@ -430,7 +436,8 @@ def select(df: pd.DataFrame, key: str, on_seeds: Sequence[int], by: Sequence[str
         keep[held.index] = True
         rows.append({**{b: g[b].iloc[0] for b in by}, key: g.loc[g[key].astype(str) == best, key].iloc[0],
                      "how": how, "held_out_runs": len(held),
-                     **{f"selection {col} IQM at {v}": s for v, s in cand.items()}})
+                     **{f"selection {col} IQM at {v}": s for v, s in cand.items()},
+                     **{f"selection runs at {v}": n for v, n in n_runs.items()}})
     df.loc[~keep, "selection"] = np.where(sel_seed[~keep], "selection", "not chosen")
     df["used"] = used & keep
     return df, pd.DataFrame(rows)

@@ -5,8 +5,8 @@
   the treatment takes more than one value and all runs share one env;
 - ``return_vs_env_steps`` / ``return_vs_wall_clock``: IQM across seeds with a 95% CI band per group;
 - ``per_seed``: every seed's curve, one panel per group;
-- ``performance_profile``: the fraction of runs whose normalized final return exceeds τ, with a CI band (envs
-  with a reference score only);
+- ``performance_profile``: the fraction of runs whose normalized AUC exceeds τ, with a CI band (envs with a
+  reference score only);
 - ``lag_histograms`` (only when lag varied within runs), ``queue`` (only runs with a queue: not ``runner=sync``),
   ``actors`` (only when the actor count varies).
 
@@ -197,6 +197,10 @@ def _numeric(values: Sequence[str]) -> Optional[np.ndarray]:
         return None
 
 
+def _short_key(key: str) -> str:
+    return key[4:] if key.startswith("cfg.") else key
+
+
 def lag_cost_figure(res: "Result", out: Path) -> Optional[Path]:
     s, by, base = res.summary, res.by, res.baseline
     used = _used(res)
@@ -210,15 +214,20 @@ def lag_cost_figure(res: "Result", out: Path) -> Optional[Path]:
         return None  # the lag is constant
     x_set = _numeric(levels)
     keys = [b for b in by if b != tkey]
+    # a treatment that is not a number (e.g. the runner) against one numeric key (e.g. the actor count): the cost
+    # against that key, one line (the measured lag may hardly vary between the families: their points would stack)
+    along = keys[0] if x_set is None and len(keys) == 1 and _numeric(s[keys[0]].astype(str)) is not None else None
     fig, axes = plt.subplots(1, 2, figsize=(12.5, 4.2))
     groups = dict(cmp.groups_of(used, by))
     base_of = cmp.matched_baselines(list(groups), by, base)
-    for fk, f in (s.groupby(keys, sort=True, dropna=False) if keys else [("all", s)]):
+    families = [("all", s)] if along or not keys else s.groupby(keys, sort=True, dropna=False)
+    for fk, f in families:
         f = f[(f[tkey].astype(str) != str(tval)) & f["auc_delta"].notna()]
         if f.empty:
             continue
-        lab = cmp.label(keys, cmp._key(fk)) if keys else "all"
-        x_lag = x_set[f.index] if x_set is not None else f["lag_mean_iqm"].to_numpy(float)
+        lab = cmp.label(keys, cmp._key(fk)) if keys and not along else f"{_short_key(tkey)} vs {tval}"
+        x_lag = (x_set[f.index] if x_set is not None else _numeric(f[along].astype(str)) if along
+                 else f["lag_mean_iqm"].to_numpy(float))
         order = np.argsort(x_lag)
         f, x_lag = f.iloc[order], x_lag[order]
         if len(f) > 1:
@@ -249,12 +258,13 @@ def lag_cost_figure(res: "Result", out: Path) -> Optional[Path]:
                 d = g["auc"].to_numpy(float) - float(st.trim_mean(b0["auc"].to_numpy(float), 0.25))
             axes[0].scatter(np.full(len(d), x_lag[i]), d, s=12, color=c, alpha=0.5, zorder=3)
     axes[0].set_xscale("log", base=2)
-    xs = sorted(set(x_set[x_set > 0])) if x_set is not None else None
+    ticks = x_set if x_set is not None else _numeric(s[along].astype(str)) if along else None
+    xs = sorted(set(ticks[ticks > 0])) if ticks is not None else None
     if xs:
         axes[0].set_xticks(xs)
         axes[0].set_xticklabels([f"{v:g}" for v in xs])
-    axes[0].set_xlabel(f"{tkey[4:] if tkey.startswith('cfg.') else tkey} (log2 axis)" if x_set is not None
-                       else "measured mean version lag (log2 axis)")
+    axes[0].set_xlabel(f"{_short_key(tkey)} (log2 axis)" if x_set is not None else f"{_short_key(along)} (log2 axis)"
+                       if along else "measured mean version lag (log2 axis)")
     axes[1].set_xlabel("measured KL(behavior ‖ current) per update (IQM)")
     if np.all(s.loc[s[tkey].astype(str) != str(tval), "kl_behavior_iqm"].dropna() > 0):
         axes[1].set_xscale("log")
@@ -303,7 +313,7 @@ def profile_figure(res: "Result", out: Path) -> Optional[Path]:
             if len(x) >= MIN_CI_RUNS:
                 ax.fill_between(taus, b["low"], b["high"], alpha=0.15, color=line.get_color(), lw=0)
         ax.set_title(title, fontsize=9)
-        ax.set_xlabel("normalized AUC τ (0 random policy, 1 reference PPO's final return)")
+        ax.set_xlabel("normalized AUC τ (0 random policy, 1 the env's reference return)")
         ax.set_ylabel("fraction of runs with score > τ")
         ax.grid(alpha=0.3)
     _fig_legend(fig, axes)

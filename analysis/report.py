@@ -196,7 +196,8 @@ def warnings_for(res: Result):
                      f"{int((s['runs'] < MIN_CLAIM_RUNS).sum())} of {len(s)} groups have fewer")
     if "reached" in s and (s["reached"] < s["runs"]).any():
         notes.append("steps and time to threshold are IQMs over the runs that reached it; the k/n next to them "
-                     "counts those runs (the others never reached the threshold within the budget)")
+                     "counts those runs (the others never reached the threshold within the budget), and their interval "
+                     f"is a bootstrap CI over those runs when at least {MIN_CI_RUNS} reached it, else their seed range (†)")
     if res.baseline and "baseline" in s and (s["baseline"] == "none").any():
         w.append(f"{int((s['baseline'] == 'none').sum())} groups have no matched baseline "
                  f"({', '.join(f'{k}={v}' for k, v in res.baseline.items())} with the same other keys): no cost shown"
@@ -271,7 +272,8 @@ def compact_table(res: Result) -> pd.DataFrame:
         row["final return"] = _cell(r.get("final_return_iqm"), r.get("final_return_low"), r.get("final_return_high"), kind)
         if "reached" in r and pd.notna(r.get("reached")):
             k, n = int(r["reached"]), int(r["runs"])
-            c = _cell(r.get("steps_to_threshold_iqm"), r.get("steps_to_threshold_low"), r.get("steps_to_threshold_high"), kind)
+            c = _cell(r.get("steps_to_threshold_iqm"), r.get("steps_to_threshold_low"), r.get("steps_to_threshold_high"),
+                      r.get("steps_to_threshold_interval", kind))
             row[thr_name] = c + ("" if k == n else f" ({k}/{n} reached)")
         if res.baseline:
             is_base = r.get("baseline") == cmp.label(res.by, tuple(str(r[b]) for b in res.by))
@@ -346,7 +348,8 @@ def wide_view(res: Result, measures: List[str]) -> pd.DataFrame:
     out["runs"] = s["runs"]
     for m in measures:
         if f"{m}_iqm" in s:
-            out[m] = [_cell(a, b, c, k) for a, b, c, k in zip(s[f"{m}_iqm"], s[f"{m}_low"], s[f"{m}_high"], s["interval"])]
+            kinds = s[f"{m}_interval"] if f"{m}_interval" in s else s["interval"]
+            out[m] = [_cell(a, b, c, k) for a, b, c, k in zip(s[f"{m}_iqm"], s[f"{m}_low"], s[f"{m}_high"], kinds)]
     return out
 
 
@@ -380,7 +383,8 @@ HEADLINE = ["auc", "final_return", "steps_to_threshold", "time_to_threshold", "s
 UPDATES = ["clip_frac", "update_kl", "entropy", "kl_behavior", "is_ess", "is_trunc_frac"]
 CAPTIONS = {
     "lag_cost": "Lag cost: ΔAUC against each family's own baseline (e.g. lag 0), against the treatment's values "
-                "(log2 axis; the measured mean version lag where the treatment is not a number, e.g. the runner) "
+                "(log2 axis; where the treatment is not a number, e.g. the runner, against the one numeric key the "
+                "groups differ in, e.g. the actor count, else the measured mean version lag) "
                 "and against the measured KL(behavior ‖ current); lines: IQM difference, bands: 95% CI (dots: "
                 "seeds, when a group has fewer than 5).",
     "recovery": "What buys the cost back: the fraction of the reference's cost each method recovers at each level "
@@ -391,8 +395,9 @@ CAPTIONS = {
     "return_vs_wall_clock": "Return against wall-clock seconds (sensitive to machine load; see the warnings).",
     "per_seed": "Every seed's learning curve, one panel per group.",
     "performance_profile": "Performance profile: the fraction of runs whose normalized AUC exceeds τ (scores "
-                           "normalized per env: 0 = a random policy, 1 = the reference PPO's final return, see "
-                           "analysis/references.py), with a 95% CI band.",
+                           "normalized per env: 0 = a random policy, 1 = the env's reference return — a published PPO "
+                           "final return, or for Pendulum the -200 'solved' level — see analysis/references.py), "
+                           "with a 95% CI band.",
     "lag_histograms": "Version lag of the trained transitions, per group.",
     "queue": "Queue depth and time in the queue, per group (first seed).",
     "actors": "Against the actor count (log2 axis): throughput, the version lag of the trained data (mean, p95 "
@@ -416,8 +421,8 @@ def write(res: Result, out: Path, opts: Options, figs: Dict[str, Path]) -> None:
     intro = (f"{len(res.runs)} runs ({', '.join(f'{k}: {v}' for k, v in status.items())}), {len(used)} used; groups by "
              f"{', '.join(map(_short, res.by)) or '(none: one group)'}"
              + (f"; each group compared with its matched baseline ({base}, every other key equal)" if base else "")
-             + f". Cells: IQM [95% stratified bootstrap CI] over seeds (rliable's definitions; † marks groups of "
-               f"fewer than {MIN_CI_RUNS} runs, whose interval is the seed range). AUC: the mean return per env step "
+             + f". Cells: IQM [95% stratified bootstrap CI] over seeds (rliable's definitions; † marks intervals from "
+               f"fewer than {MIN_CI_RUNS} runs, which are the seed range). AUC: the mean return per env step "
                "over [0, budget]; final return: each run's summary.json final_return_mean.")
     updates = res.summary[res.by].rename(columns=_short).assign(
         **{m: res.summary[f"{m}_iqm"] for m in UPDATES if f"{m}_iqm" in res.summary})

@@ -114,10 +114,17 @@ def _resample(tasks: Tasks, reps: int, rng: np.random.Generator) -> Tasks:
     return [a[rng.integers(0, len(a), (reps, len(a)))] for a in tasks]
 
 
+# a percentile interval needs (nearly) every replicate: one computed from the finite few would be conditioned on
+# the resamples that happened to avoid what made the others undefined (e.g. a cost of 0 in a ratio)
+MIN_FINITE_REPLICATES = 0.95
+
+
 def _percentile(vals: np.ndarray, alpha: float) -> Tuple[float, float]:
-    vals = vals[np.isfinite(vals)]
-    if not len(vals):
+    vals = np.asarray(vals, float)
+    finite = vals[np.isfinite(vals)]
+    if not len(finite) or len(finite) < MIN_FINITE_REPLICATES * len(vals):
         return float("nan"), float("nan")
+    vals = finite
     lo, hi = np.percentile(vals, [100 * alpha / 2, 100 * (1 - alpha / 2)])
     return float(lo), float(hi)
 
@@ -247,8 +254,10 @@ def profile_band(tasks: Union[Tasks, ArrayLike], taus: ArrayLike, reps: int = 20
 
 # ---- helpers ---------------------------------------------------------------------------------------------
 def _tasks(x) -> Tasks:
+    """Tasks as given (a list of arrays: a run's scores, NaNs dropped as :func:`as_tasks` drops them; or resampled
+    [reps, n] arrays, kept), or built by :func:`as_tasks`."""
     if isinstance(x, list) and x and isinstance(x[0], np.ndarray):
-        return x
+        return [a[np.isfinite(a)] if a.ndim == 1 else a for a in x]
     return as_tasks(x)
 
 

@@ -164,6 +164,27 @@ def test_steps_to_threshold_says_how_many_runs_reached_it(tmp_path):
     assert "(2/5 reached)" in (tmp_path / "r" / "report.md").read_text()
 
 
+def test_threshold_measures_are_over_the_runs_that_reached_it_with_a_ci_only_from_five_of_them():
+    from analysis.compare import summarize
+
+    def group(name, steps):
+        return pd.DataFrame({"used": True, "cfg.algo.name": name, "cfg.seed": range(len(steps)),
+                             "cfg.env.id": "CartPole-v1", "auc": 1.0, "steps_to_threshold": steps,
+                             "reached": [bool(np.isfinite(v)) for v in steps]})
+    six = [100.0, 200.0, 300.0, 400.0, 500.0, 600.0] + [np.nan] * 4
+    three = [100.0, 200.0, 300.0] + [np.nan] * 7
+    s = summarize(pd.concat([group("a", six), group("b", three)]), by=["cfg.algo.name"],
+                  measures=["auc", "steps_to_threshold"], reps=300).set_index("cfg.algo.name")
+    assert s.loc["a", "reached"] == 6 and s.loc["a", "runs"] == 10
+    assert s.loc["a", "steps_to_threshold_iqm"] == pytest.approx(350.0)  # the IQM of the six (before: NaN)
+    assert s.loc["a", "steps_to_threshold_interval"] == "bootstrap 95% CI"
+    assert 100.0 <= s.loc["a", "steps_to_threshold_low"] < 350.0 < s.loc["a", "steps_to_threshold_high"] <= 600.0
+    assert s.loc["b", "steps_to_threshold_iqm"] == pytest.approx(200.0)
+    assert s.loc["b", "steps_to_threshold_interval"] == "seed range"  # 3 reached of 10: not a CI
+    assert (s.loc["b", "steps_to_threshold_low"], s.loc["b", "steps_to_threshold_high"]) == (100.0, 300.0)
+    assert s.loc["b", "auc_interval"] == "bootstrap 95% CI"
+
+
 def test_final_return_is_the_summary_json_value(tmp_path):
     make_run(tmp_path / "runs", "a", auc_value=10.0, final=123.0)
     assert analysis_api().load_runs([tmp_path / "runs"])["final_return"].tolist() == [123.0]

@@ -282,3 +282,24 @@ def test_an_interval_whose_every_resample_is_undefined_is_nan_not_an_error():
     p, lo, hi = stats.interval_k(f, [[np.array([1.0, 2.0])], [np.array([0.0, 0.0])], [np.array([0.0, 0.0])]],
                                  reps=200)
     assert np.isinf(p) and np.isnan(lo) and np.isnan(hi)
+
+
+def test_an_interval_is_not_conditioned_on_the_few_resamples_that_were_defined():
+    # a ratio whose denominator is 0 in most resamples: before, the interval was the percentiles of the finite few
+    x = np.array([0.0] * 8 + [1.0, 2.0])
+    point, lo, hi = stats.interval(lambda t: 1.0 / np.asarray(stats.iqm(t)), x, reps=500)
+    assert np.isnan(lo) and np.isnan(hi)
+    ok = np.full(100, 1.0)
+    ok[:4] = np.nan  # 96% defined: the interval stands
+    assert stats._percentile(ok, 0.05) == (1.0, 1.0)
+    ok[:6] = np.nan  # 94%: not
+    assert np.isnan(stats._percentile(ok, 0.05)[0])
+
+
+def test_scores_given_as_task_arrays_drop_nans_as_scores_given_flat_do():
+    # e.g. steps to a threshold, NaN for a run that never reached it: the IQM is over the runs that did, whichever way
+    # the scores come in (before, a list of arrays kept the NaN and the IQM was NaN)
+    x = np.array([10.0, 20.0, np.nan, 30.0, 40.0, np.nan])
+    assert stats.iqm([x]) == stats.iqm(x) == pytest.approx(25.0)
+    _, lo, hi = stats.interval(stats.iqm, [x], reps=200)
+    assert 10.0 <= lo <= hi <= 40.0
