@@ -11,8 +11,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
-from laglab.config import (Config, ConfigError, Estimator, LossKind, auto_actors, register_configs, usable_cpus,
-                           validate)
+from laglab.config import (AUTO_THREADS_WORK, Config, ConfigError, Estimator, LossKind, auto_actors,
+                           auto_torch_threads, register_configs, usable_cpus, validate)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONF = os.path.join(ROOT, "conf")
@@ -68,6 +68,37 @@ def test_actors_auto_reads_the_affinity_not_the_machine(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split() == [str(auto_actors("process", 1)), "1"]
+
+
+def test_torch_threads_auto_gives_free_cpus_only_to_updates_big_enough_for_threads_to_pay():
+    # the measured rule (benchmarks/learner_device.py): a second thread paid from 1024 transitions per minibatch x 64
+    # wide (1.42x) up, not for the presets (0.82-1.08x), and cost the process runner its actor's core
+    big = ["policy.hidden_sizes=[256,256]", "learner.batch_size=8192", "learner.minibatches=4"]
+    def threads(cpus, *over):
+        return auto_torch_threads(validate(_compose(*over)), cpus)
+    assert [threads(n, "runner=sync", *big) for n in (1, 2, 8)] == [1, 2, 8]  # its actors step between updates
+    assert [threads(n, "runner=process", "actors=1", *big) for n in (1, 2, 8)] == [1, 1, 7]  # a core per actor
+    assert threads(8, "runner=process", "actors=3", *big) == 5 and threads(8, "runner=thread", "actors=3", *big) == 5
+    assert threads(8, "runner=process", "actors=8", *big) == 1  # none free: one, never zero
+    assert threads(8, "runner=sync") == 1 and threads(8, "runner=sync", "env=pendulum") == 1  # the presets: one
+    assert threads(8, "runner=sync", "learner.batch_size=4096") == 8  # 1024 x 64: the threshold itself
+    assert threads(8, "runner=sync", "policy.hidden_sizes=[63,64]", "learner.batch_size=4096") == 8  # the widest
+    assert threads(8, "runner=sync", "policy.hidden_sizes=[63,63]", "learner.batch_size=4096") == 1
+    assert threads(8, "runner=sync", "learner.batch_size=4064", "learner.minibatches=4") == 1  # 1016 x 64
+    assert threads(8, "runner=sync", "policy.recurrent=gru", "policy.hidden_sizes=[16]", "policy.hidden=64",
+                   "learner.batch_size=4096") == 8  # a recurrent core's width counts
+    assert AUTO_THREADS_WORK == 1024 * 64
+    c = validate(_compose("runner=sync", "runner.torch_threads=auto", *big))
+    assert c.runner.torch_threads == auto_torch_threads(c, usable_cpus())
+    assert c.torch_threads_auto == {"cpus": usable_cpus(), "threads": c.runner.torch_threads}
+    c = validate(_compose("runner.torch_threads=3"))  # a count is honoured, and nothing says it was chosen
+    assert c.runner.torch_threads == 3 and getattr(c, "torch_threads_auto", None) is None
+
+
+@pytest.mark.parametrize("value", ["0", "many", "2.5", "true"])
+def test_bad_torch_threads_are_refused(value):
+    with pytest.raises(ConfigError, match="runner.torch_threads=.*an integer >= 1, or auto"):
+        validate(_compose(f"runner.torch_threads={value}"))
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "many", "2.5", "true"])

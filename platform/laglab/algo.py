@@ -100,7 +100,7 @@ def _clipped_objective(logp: Tensor, old_logp: Tensor, adv: Tensor, eps: float):
 def ppo_clip_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, eps: float) -> LossInfo:
     """PPO clipped surrogate, as a loss: -E[min(r A, clip(r, 1-eps, 1+eps) A)]."""
     obj, clip_frac = _clipped_objective(logp, old_logp, adv, eps)
-    return LossInfo(-obj.mean(), clip_frac, torch.zeros((), dtype=obj.dtype))
+    return LossInfo(-obj.mean(), clip_frac, obj.new_zeros(()))
 
 
 def dual_clip_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, eps: float, c: float) -> LossInfo:
@@ -138,7 +138,7 @@ def decoupled_loss(logp: Tensor, prox_logp: Tensor, behavior_logp: Tensor, adv: 
         w = torch.clamp(raw_w, max=is_cap)
         trunc = (raw_w > is_cap).float().mean()
     obj, clip_frac = _clipped_objective(logp, prox_logp, adv, eps)
-    dual_frac = torch.zeros((), dtype=obj.dtype)
+    dual_frac = obj.new_zeros(())
     if dual_clip_c is not None:
         obj, dual_frac = _dual_bound(obj, adv, dual_clip_c)
     return LossInfo(-(w * obj).mean(), clip_frac, dual_frac, trunc)

@@ -161,12 +161,17 @@ class LearnerConfig:
     burn_in: int = 0
     checkpoint: bool = True  # checkpoints/final.pt at the end
     checkpoint_every: int = 0  # also checkpoints/latest.pt every N updates (0 = never)
+    # where the learner's update runs: auto (CUDA if available, else CPU) | cpu | cuda | cuda:N | mps; actors are
+    # numpy on CPU whatever it is (snapshots are host arrays)
+    device: str = "auto"
 
 
 @dataclass
 class RunnerConfig:
     name: RunnerKind = RunnerKind.thread  # for the library API (run(cfg)); train.py defaults to process (conf)
-    torch_threads: int = 1
+    # the learner's torch threads: an integer >= 1, or "auto": the CPUs the actors leave free, where the update is
+    # big enough for threads to pay (auto_torch_threads; validate() resolves it to an integer)
+    torch_threads: Any = 1
     poll_s: float = 0.05  # how often a waiting thread re-checks for shutdown and failures
     actor_timeout_s: float = 120.0  # learner gives up when no data arrives for this long
     # restart intensity: a crashed or hung actor restarts with a new incarnation, at most this many times per
@@ -293,6 +298,40 @@ def auto_actors(runner: Any, cpus: int) -> int:
     return 1 if kind == "thread" else max(1, int(cpus) - 1)
 
 
+# torch_threads=auto gives the update more than one thread only from this much work per minibatch step
+# (transitions per minibatch x the widest hidden layer): measured in benchmarks/learner_device.py
+AUTO_THREADS_WORK = 1024 * 64
+
+
+def actor_cores(c: "Config") -> float:
+    """CPUs of this machine the actors keep busy beside the learner: one per actor process (process runner), per
+    actor thread (thread runner: they step envs while the learner computes), a Ray actor's reservation (a local
+    instance; on a cluster, counted as if local: the head may host actors), none for the sync runner (its actors
+    step in the learner's thread, between updates)."""
+    kind = str(getattr(c.runner.name, "value", c.runner.name))
+    if kind == "sync":
+        return 0.0
+    if kind == "ray":
+        return c.actors * float(c.runner.cpus_per_actor)
+    return float(c.actors)
+
+
+def auto_torch_threads(c: "Config", cpus: int) -> int:
+    """``runner.torch_threads=auto``: the CPUs the actors leave free (at least 1), where a minibatch step is at
+    least :data:`AUTO_THREADS_WORK` (transitions per minibatch x the widest hidden layer); else 1.
+
+    Measured on this project's 2-CPU machine (``python benchmarks/learner_device.py --threads 1 2``, learner updates
+    alone, best of 3 blocks; transitions per minibatch x width): 2 threads made the update 1.42x faster at 1024 x 64,
+    1.47x at 2048 x 64, 1.58x at 256 x 256, 1.69-1.90x from 2048 x 128 up, and the presets 0.82-1.08x (CartPole
+    256 x 64, Pendulum and HalfCheetah 64 x 64: no gain). In whole CartPole runs a second thread cost the process
+    runner its actor's core (17-19k vs 23-30k SPS) and did not help the sync runner (18-24k vs 23-24k), three seeds
+    each: the presets keep one thread."""
+    widths = list(c.policy.hidden_sizes) + ([int(c.policy.hidden)] if c.policy.recurrent != "none" else [])
+    work = c.learner.batch_size // max(1, c.learner.minibatches) * max(widths or [1])
+    free = int(cpus - math.ceil(actor_cores(c) - 1e-9))
+    return max(1, free) if work >= AUTO_THREADS_WORK else 1
+
+
 def resolve_actors(actors: Any, runner: Any) -> Any:
     """``actors`` as an integer when it is ``"auto"``; anything else as given (validate() checks it)."""
     return auto_actors(runner, usable_cpus()) if actors == "auto" else actors
@@ -327,6 +366,33 @@ class ConfigError(ValueError):
 
 ACTIVATIONS = ("tanh", "relu", "elu")
 RECURRENT = ("none", "gru", "lstm")
+
+
+DEVICE_FORMS = "auto | cpu | cuda | cuda:N | mps"
+
+
+def available_devices() -> List[str]:
+    """The learner devices this machine has (imports torch: only asked when a run names an accelerator)."""
+    import torch
+
+    out = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        out.append("mps")
+    return out
+
+
+def check_device(device: Any) -> None:
+    """``learner.device``: one of :data:`DEVICE_FORMS`, and an accelerator this machine has. ``auto`` and ``cpu``
+    are settled without importing torch (a config check stays instant)."""
+    ok = isinstance(device, str) and (device in ("auto", "cpu", "cuda", "mps")
+                                      or (device.startswith("cuda:") and device[5:].isdigit()))
+    _require(ok, "learner.device", DEVICE_FORMS, device)
+    if device in ("auto", "cpu"):
+        return
+    have = available_devices()
+    wanted = "cuda:0" if device == "cuda" else device
+    _require(wanted in have, "learner.device", f"a device this machine has: auto | {' | '.join(have)}", device)
 
 
 def _require(ok: bool, key: str, allowed: str, got: Any) -> None:
@@ -617,7 +683,12 @@ def validate(cfg: Any) -> Config:
     _require(c.runner.cpus_per_actor >= 0, "runner.cpus_per_actor", "a number >= 0", c.runner.cpus_per_actor)
     if c.runner.name == RunnerKind.ray and importlib.util.find_spec("ray") is None:
         raise ConfigError("invalid config: runner=ray needs Ray, which is not installed: pip install -e '.[ray]'")
-    _require(c.runner.torch_threads >= 1, "runner.torch_threads", "an integer >= 1", c.runner.torch_threads)
+    if c.runner.torch_threads == "auto":
+        c.runner.torch_threads = auto_torch_threads(c, usable_cpus())
+        c.torch_threads_auto = {"cpus": usable_cpus(), "threads": c.runner.torch_threads}  # (what run() reports)
+    _require(isinstance(c.runner.torch_threads, int) and not isinstance(c.runner.torch_threads, bool)
+             and c.runner.torch_threads >= 1, "runner.torch_threads", "an integer >= 1, or auto", c.runner.torch_threads)
+    check_device(lr.device)
     _require(c.tracking.hist_every >= 0, "tracking.hist_every", "an integer >= 0 (0 = never)", c.tracking.hist_every)
     _require(c.tracking.return_window >= 1, "tracking.return_window", "an integer >= 1", c.tracking.return_window)
     _require(

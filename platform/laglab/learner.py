@@ -31,6 +31,14 @@ from .policy import ActorCritic, RecurrentActorCritic, Snapshot
 from .tagged import audit_batch
 
 
+def resolve_device(name: str) -> torch.device:
+    """``learner.device`` as a torch device: ``auto`` is CUDA where torch sees a GPU, else the CPU (config validation
+    has refused an accelerator this machine lacks)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
 def build_model(cfg: Config, spec: EnvSpec):
     p = cfg.policy
     if p.recurrent != "none":
@@ -110,6 +118,11 @@ class Batch(NamedTuple):
     starts_episode: Optional[np.ndarray] = None  # [N] bool: the fragment's first step starts an episode (state 0)
 
 
+# the Batch fields that are tensors (built on the host, each moved to the update's device once per batch)
+BATCH_TENSORS = ("obs", "actions", "last_obs", "trunc_obs", "trunc_pos", "behavior_logp", "rewards", "discounts",
+                 "masks", "state", "dones")
+
+
 def predecessors(succ: np.ndarray) -> np.ndarray:
     """For each fragment, the index of the fragment it continues in the batch, else -1 (the links reversed)."""
     pred = np.full(len(succ), -1, dtype=np.int64)
@@ -127,7 +140,14 @@ class Learner:
     def __init__(self, cfg: Config, spec: EnvSpec):
         self.cfg = cfg
         self.spec = spec
-        self.model = build_model(cfg, spec)
+        # the update's device: the model, the optimizer and every tensor of an update live there; fragments are
+        # stacked on the host and each batch crosses once (pinned, for CUDA); snapshots are host arrays
+        self.device = resolve_device(cfg.learner.device)
+        self._pin = self.device.type == "cuda"
+        # per-minibatch figures: floats on the CPU, device tensors elsewhere (summed once per update, not a sync
+        # per minibatch)
+        self._scalar = (lambda t: float(t.detach())) if self.device.type == "cpu" else (lambda t: t.detach())
+        self.model = build_model(cfg, spec).to(self.device)
         self.recurrent = cfg.policy.recurrent != "none"
         self.params = list(self.model.parameters())
         # torch.optim.Adam's fused CPU kernel, without torch.optim (see laglab.optim: no torch._dynamo import)
@@ -143,6 +163,7 @@ class Learner:
         self.next_incarnation = 1  # carried by checkpoints, so a resumed run never reuses an incarnation
         self.incarnation_mark: Optional[Path] = None  # where the high-water mark goes (see allocate_incarnation)
         self._mark = 0  # the mark last written: no incarnation of this run reaches it
+        # minibatch permutations are drawn on the host (the same sequence on every device), then moved
         self.gen = torch.Generator().manual_seed(int(cfg.seed) + 7919)
         # the decoupled loss's proximal policy when it is an EWMA of the weights (None: the start of each update)
         self.diverged_at: Optional[int] = None  # the first update whose loss was not finite (see update)
@@ -167,19 +188,20 @@ class Learner:
     def fragment_kl(self, frag: Fragment) -> float:
         """KL(behavior || current) of one fragment (k3 estimate over its steps), under the policy the next update
         starts from: the measure ``learner.max_kl_behavior`` caps."""
+        dev = self._dev
         with torch.no_grad():
-            obs = self._norm(np.array(frag.obs)).reshape((-1,) + self.spec.obs_shape)  # copies: a fragment's
-            actions = torch.from_numpy(np.array(frag.actions)).reshape((-1,) + self.spec.action_shape)  # are read-only
-            masks = None if frag.masks is None else torch.from_numpy(np.array(frag.masks))
+            obs = dev(self._norm(np.array(frag.obs)).reshape((-1,) + self.spec.obs_shape))  # copies: a fragment's
+            actions = dev(torch.from_numpy(np.array(frag.actions)).reshape((-1,) + self.spec.action_shape))  # arrays
+            masks = None if frag.masks is None else dev(torch.from_numpy(np.array(frag.masks)))  # are read-only
             if self.recurrent:
                 T = len(frag.obs)
                 h, _ = self.model.unroll(obs.view((T, 1) + self.spec.obs_shape),
-                                         torch.from_numpy(np.array(frag.state))[None],
-                                         torch.from_numpy(np.array(frag.terminated | frag.truncated))[:, None])
+                                         dev(torch.from_numpy(np.array(frag.state))[None]),
+                                         dev(torch.from_numpy(np.array(frag.terminated | frag.truncated))[:, None]))
                 logp = self.model.logp_entropy_of(h.flatten(0, 1), actions, masks)[0]
             else:
                 logp = self.model.logp_entropy(obs, actions, masks)[0]
-            return float(algo.approx_kl_k3(logp, torch.from_numpy(np.array(frag.logp)).reshape(-1)))
+            return float(algo.approx_kl_k3(logp, dev(torch.from_numpy(np.array(frag.logp)).reshape(-1))))
 
     def allocate_incarnation(self) -> int:
         """The next actor incarnation number of this run (continued across resumes). With ``incarnation_mark``
@@ -242,6 +264,12 @@ class Learner:
         return self.version - frag.id.behavior_version
 
     # ---- update ------------------------------------------------------------------------------------
+    def _dev(self, t: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the update's device (one copy; from pinned memory for CUDA, so it can overlap)."""
+        if t.device == self.device:
+            return t
+        return (t.pin_memory() if self._pin else t).to(self.device, non_blocking=self._pin)
+
     def _norm(self, obs: np.ndarray) -> torch.Tensor:
         if self.cfg.env.normalize_obs:
             obs = normalize(obs, self.obs_mean, self.obs_var, self.cfg.env.obs_clip)
@@ -259,7 +287,7 @@ class Learner:
             rewards = torch.clamp(rewards / float(np.sqrt(self.rew_rms.var + 1e-8)), -clip, clip)
         gamma = self.cfg.algo.advantage.gamma
         succ = successors(frags)
-        return Batch(
+        b = Batch(
             T=T, N=N, obs=self._norm(s.obs).reshape((T * N,) + shape),
             actions=torch.from_numpy(s.actions).reshape((T * N,) + self.spec.action_shape),
             last_obs=self._norm(s.last_obs),
@@ -278,6 +306,9 @@ class Learner:
             dones=None if s.state is None else torch.from_numpy(s.terminated | s.truncated),
             starts_episode=None if s.state is None else np.array([f.id.episode_t0 == 0 for f in frags]),
         )
+        if self.device.type == "cpu":
+            return b
+        return b._replace(**{k: self._dev(getattr(b, k)) for k in BATCH_TENSORS if getattr(b, k) is not None})
 
     def audit(self, frags: Sequence[Fragment]) -> int:
         """Tagged env only: misattributed items in the batch these fragments assemble into."""
@@ -286,9 +317,10 @@ class Learner:
     def _audit(self, b: "Batch", frags: Sequence[Fragment]) -> int:
         """Audit the very tensors an update trains on (see :func:`laglab.tagged.audit_batch`): the [T*N] rows,
         the truncation observations at the flat positions the bootstrap uses, the bootstrap observations."""
-        return audit_batch(b.obs.numpy(), b.actions.numpy(), b.raw_rewards, b.trunc_obs.numpy(), b.trunc_pos.numpy(),
-                           b.last_obs.numpy(), frags, self.cfg.actor.envs_per_actor, b.succ,
-                           None if b.masks is None else b.masks.numpy())
+        host = lambda t: t.cpu().numpy()  # noqa: E731 - (no copy on the CPU)
+        return audit_batch(host(b.obs), host(b.actions), b.raw_rewards, host(b.trunc_obs), host(b.trunc_pos),
+                           host(b.last_obs), frags, self.cfg.actor.envs_per_actor, b.succ,
+                           None if b.masks is None else host(b.masks))
 
     def _unroll(self, model, b: "Batch", init: torch.Tensor, cols=None):
         """A recurrent model run over the batch's columns ``cols`` (all by default), each from its state in ``init``
@@ -311,14 +343,15 @@ class Learner:
         T, N, m = b.T, b.N, model or self.model
         height = chain_heights(b.succ)
         init = b.state.clone()
-        hs = torch.zeros((T, N, m.hidden))
-        ends = torch.zeros((T, N) + m.state_shape)
+        hs = torch.zeros((T, N, m.hidden), device=self.device)
+        ends = torch.zeros((T, N) + m.state_shape, device=self.device)
         keep_last = (~b.dones[-1]).to(ends.dtype).view((N,) + (1,) * len(m.state_shape))
         pred = predecessors(b.succ)
         for level in range(int(height.max()) + 1):
-            cols = torch.from_numpy(np.flatnonzero(height == level))
+            at = np.flatnonzero(height == level)
+            cols = self._dev(torch.from_numpy(at))
             if level > 0:
-                p = torch.from_numpy(pred[cols.numpy()])
+                p = self._dev(torch.from_numpy(pred[at]))
                 init[cols] = ends[-1, p] * keep_last[p]
             hs[:, cols], ends[:, cols] = self._unroll(m, b, init, cols)
         values = m.value_of(hs)
@@ -338,18 +371,18 @@ class Learner:
         gradient (they only refresh the state, as R2D2's burn-in), or fewer when an episode ends among them: the
         steps after that start from the exact zero state and count. Fragments that start an episode, and those
         continuing a chain from a computed state, keep every step."""
-        keep = torch.ones((b.T, b.N), dtype=torch.bool)
-        cut = torch.zeros(b.N, dtype=torch.bool)
+        keep = torch.ones((b.T, b.N), dtype=torch.bool, device="cpu")  # (built on the host, then moved once)
+        cut = torch.zeros(b.N, dtype=torch.bool, device="cpu")
         k = self.cfg.learner.burn_in
         if k:
             stale = heads & ~b.starts_episode
-            d = b.dones[:k].numpy()
+            d = b.dones[:k].cpu().numpy()
             ended = d.any(axis=0)
             n_out = np.where(ended, d.argmax(axis=0) + 1, k)  # steps left out: through the first episode end
             for n in np.flatnonzero(stale):
                 keep[:n_out[n], n] = False
             cut = torch.from_numpy(stale & ~ended)  # (an episode end within the burn-in zeroes the state anyway)
-        return keep, cut
+        return self._dev(keep), self._dev(cut)
 
     @torch.no_grad()
     def _targets(self, b: "Batch", extras: Optional[Dict[str, Any]] = None):
@@ -376,10 +409,11 @@ class Learner:
         # reassembly: a fragment whose successor is proven (by identity) to be in the batch continues into
         # it; chains are solved from their ends backwards, one depth level at a time
         for d in range(int(b.depth.max()) + 1):
-            cols = torch.from_numpy(np.flatnonzero(b.depth == d))
-            nxt = torch.from_numpy(b.succ[cols.numpy()])
+            at = np.flatnonzero(b.depth == d)
+            cols = self._dev(torch.from_numpy(at))
+            nxt = self._dev(torch.from_numpy(b.succ[at]))
             has = nxt >= 0
-            carry = torch.zeros(len(cols), dtype=values.dtype)
+            carry = torch.zeros(len(at), dtype=values.dtype, device=self.device)
             sl = lambda x: x[:, cols]  # noqa: E731
             if a.estimator == Estimator.gae:
                 carry[has] = adv[0, nxt[has]]
@@ -425,7 +459,8 @@ class Learner:
         loss_cfg = ac.loss
         decoupled = is_decoupled(cfg)
         dual_c = loss_cfg.dual_clip_c if loss_cfg.kind in (LossKind.dual_clip, LossKind.decoupled_dual_clip) else None
-        sums: Dict[str, float] = collections.defaultdict(float)
+        sums: Dict[str, Any] = collections.defaultdict(float)
+        scalar = self._scalar
         n_mb = 0
         epochs_done = 0
         init, keep, cut = extras.get("init"), None, None
@@ -458,20 +493,21 @@ class Learner:
                 if self.prox_model is not None:
                     self._ewma_step()
                 with torch.no_grad():  # how far this update moved the policy (staleness is lag/kl_behavior)
-                    kl = float(algo.approx_kl_k3(logp, b_start[idx]))
+                    kl = scalar(algo.approx_kl_k3(logp, b_start[idx]))
                 kl_epoch.append(kl)
-                sums["policy_loss"] += float(info.loss.detach())
-                sums["value_loss"] += float(v_loss.detach())
-                sums["entropy"] += float(ent_m.detach())
-                sums["clip_frac"] += float(info.clip_frac)
-                sums["dual_clip_frac"] += float(info.dual_clip_frac)
+                sums["policy_loss"] += scalar(info.loss)
+                sums["value_loss"] += scalar(v_loss)
+                sums["entropy"] += scalar(ent_m)
+                sums["clip_frac"] += scalar(info.clip_frac)
+                sums["dual_clip_frac"] += scalar(info.dual_clip_frac)
                 if info.is_trunc_frac is not None:
-                    sums["is_trunc_frac"] += float(info.is_trunc_frac)
+                    sums["is_trunc_frac"] += scalar(info.is_trunc_frac)
                 sums["approx_kl"] += kl
                 n_mb += 1
             epochs_done += 1
-            if lc.target_kl is not None and np.mean(kl_epoch) > lc.target_kl:
+            if lc.target_kl is not None and np.mean([float(k) for k in kl_epoch]) > lc.target_kl:
                 break
+        sums = {k: float(v) for k, v in sums.items()}  # (one transfer per figure per update, off the CPU)
 
         update_kl = None
         if lc.lr_schedule == LrSchedule.kl_adaptive:  # how far the whole update moved the policy, measured after it
@@ -531,7 +567,7 @@ class Learner:
         if init is None:
             B = b.T * b.N
             mb = B // lc.minibatches
-            perm = torch.randperm(B, generator=self.gen)
+            perm = self._dev(torch.randperm(B, generator=self.gen, device="cpu"))
             for k in range(lc.minibatches):
                 idx = perm[k * mb:(k + 1) * mb]
                 m_idx = None if masks is None else masks[idx]
@@ -542,8 +578,8 @@ class Learner:
                         prox = self.prox_model.logp_entropy(obs[idx], actions[idx], m_idx)[0]
                 yield idx, logp, ent, self.model.value(obs[idx]), prox
             return
-        steps = torch.arange(b.T).view(-1, 1) * b.N
-        for cols in torch.tensor_split(torch.randperm(b.N, generator=self.gen), lc.minibatches):
+        steps = torch.arange(b.T, device=self.device).view(-1, 1) * b.N
+        for cols in torch.tensor_split(self._dev(torch.randperm(b.N, generator=self.gen, device="cpu")), lc.minibatches):
             k = keep[:, cols]
             idx = (steps + cols.view(1, -1))[k]
             m_idx = None if masks is None else masks[idx]
@@ -653,7 +689,7 @@ def read_checkpoint(path: Path, cfg: Config, spec: EnvSpec, purpose: str = "resu
     names what the checkpoint is for in the error: ``resume`` or ``evaluate``; ``free``: fingerprint keys this
     purpose may change)."""
     try:
-        state = torch.load(path, weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)  # (any device it was saved from)
     except Exception as e:  # noqa: BLE001 - a truncated or foreign file
         raise ConfigError(f"invalid config: {purpose}: {path} is not a readable laglab checkpoint ({e})") from e
     if "fingerprint" not in state or "next_incarnation" not in state:

@@ -35,7 +35,8 @@ class Adam:
             "amsgrad": False, "maximize": False, "foreach": None, "capturable": False, "differentiable": False,
             "fused": None, "decoupled_weight_decay": False, "params": list(range(len(self.params)))}]
         self.steps = [0] * len(self.params)  # per parameter, as torch counts them (a step without a gradient skips)
-        self.step_t = [torch.zeros((), dtype=torch.float32) for _ in self.params]  # the same, as the kernel reads it
+        # the same, as the kernel reads it (on the parameter's device, as torch.optim.Adam(fused=True) keeps it)
+        self.step_t = [torch.zeros((), dtype=torch.float32, device=p.device) for p in self.params]
         self.fused = fused and hasattr(torch, "_fused_adam_") and all(p.dtype in (torch.float32, torch.float64) for p in self.params)
         self.exp_avg = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
         self.exp_avg_sq = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
@@ -114,9 +115,10 @@ class Adam:
                 self.exp_avg_sq[pos] = torch.zeros_like(p)
             else:
                 self.steps[pos] = int(float(st["step"]))
-                self.exp_avg[pos] = st["exp_avg"].detach().to(p.dtype).clone()
-                self.exp_avg_sq[pos] = st["exp_avg_sq"].detach().to(p.dtype).clone()
-            self.step_t[pos] = torch.tensor(float(self.steps[pos]), dtype=torch.float32)
+                # (a state saved on another device continues on this parameter's)
+                self.exp_avg[pos] = st["exp_avg"].detach().to(p.device, p.dtype).clone()
+                self.exp_avg_sq[pos] = st["exp_avg_sq"].detach().to(p.device, p.dtype).clone()
+            self.step_t[pos] = torch.tensor(float(self.steps[pos]), dtype=torch.float32, device=p.device)
 
 
 @torch.no_grad()
@@ -126,7 +128,7 @@ def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> torch.Ten
     grouping by device and dtype, which cost more than the arithmetic on these small nets."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
-        return torch.tensor(0.0)
+        return torch.zeros((), device=params[0].device) if params else torch.tensor(0.0)
     total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
     torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))
     return total

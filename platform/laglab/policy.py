@@ -101,7 +101,7 @@ class RecurrentActorCritic(nn.Module):
             self.log_std = nn.Parameter(torch.full((spec.n_actions,), float(log_std_init)))
 
     def zero_state(self, n: int) -> Tensor:
-        return torch.zeros((n,) + self.state_shape)
+        return self.v_head.weight.new_zeros((n,) + self.state_shape)
 
     def _hx(self, state: Tensor):
         return state[None] if self.kind == "gru" else (state[:, 0][None].contiguous(), state[:, 1][None].contiguous())
@@ -126,7 +126,7 @@ class RecurrentActorCritic(nn.Module):
         reset, at every step that ends an episode and at the last step; zero elsewhere)."""
         T, N = obs.shape[0], obs.shape[1]
         x = self.enc(obs.reshape((T * N, -1))).view(T, N, -1)
-        ends = torch.zeros((T, N) + self.state_shape, dtype=x.dtype)
+        ends = x.new_zeros((T, N) + self.state_shape)
         # run the steps between two episode ends (of any sequence) as one call of the fused kernel, then zero the
         # states of the sequences whose episode ended: a few calls once episodes are long, T at worst
         cuts = np.flatnonzero(dones[:-1].any(dim=1).cpu().numpy()) + 1
@@ -156,12 +156,12 @@ class RecurrentActorCritic(nn.Module):
         init = state
         start = np.zeros(N, dtype=np.int64)
         if cut is not None and 0 < cut_at < T and bool(cut.any()):
-            c = torch.from_numpy(np.flatnonzero(cut.cpu().numpy()))
+            c = torch.from_numpy(np.flatnonzero(cut.cpu().numpy())).to(x.device)
             with torch.no_grad():
                 _, hx = self.core(x.view(T, N, -1)[:cut_at, c], self._hx(state[c]))
             init = state.clone()
             init[c] = self._state(hx)
-            start[c.numpy()] = cut_at
+            start[c.cpu().numpy()] = cut_at
         d = dones.cpu().numpy()
         cols, a0, lens, zero = [], [], [], []
         for n in range(N):
@@ -173,13 +173,14 @@ class RecurrentActorCritic(nn.Module):
                 zero.append(a != start[n])
                 a = int(t) + 1
         S, L = len(cols), max(lens)
-        cols_t, a0_t, lens_t = torch.tensor(cols), torch.tensor(a0), torch.tensor(lens)
-        step = torch.arange(L).view(-1, 1)
+        dev = x.device
+        cols_t, a0_t, lens_t = (torch.tensor(v, device=dev) for v in (cols, a0, lens))
+        step = torch.arange(L, device=dev).view(-1, 1)
         valid = step < lens_t.view(1, -1)  # [L, S]
         pos = (a0_t.view(1, -1) + step) * N + cols_t.view(1, -1)  # [L, S] positions in [T * N]
         pos = torch.where(valid, pos, torch.full_like(pos, T * N))  # (padding reads a zero row)
         xs = torch.cat([x, x.new_zeros((1, x.shape[1]))])[pos.reshape(-1)].view(L, S, -1)
-        h0 = init[cols_t] * (~torch.tensor(zero)).to(x.dtype).view((S,) + (1,) * len(self.state_shape))
+        h0 = init[cols_t] * (~torch.tensor(zero, device=dev)).to(x.dtype).view((S,) + (1,) * len(self.state_shape))
         out, _ = self.core(xs, self._hx(h0))
         return x.new_zeros((T * N, self.hidden)).index_put((pos[valid],), out[valid]).view(T, N, -1)
 

@@ -106,6 +106,30 @@ def explain(e: BaseException, overrides: Sequence[str]) -> str:
     return f"invalid command line: {_one_line(msg)}"
 
 
+def compose(overrides: Sequence[str]) -> Config:
+    """The validated config ``python train.py <overrides>`` runs with (the repo's conf/, composed by Hydra as train.py
+    composes it, checked by :func:`laglab.config.validate`), for tools that build a run's parts without running it
+    (the simulator, benchmarks). A bad override is a :class:`ConfigError` said the way train.py says it."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from .config import register_configs
+
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    if not conf.is_dir():
+        raise ConfigError(f"no config dir at {conf} (composed from the repo's conf/, as train.py composes it)")
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(str(conf), version_base="1.3"):
+            cfg = hydra_compose("config", overrides=list(overrides))
+    except Exception as e:  # noqa: BLE001 - Hydra's errors, told as train.py tells them
+        raise ConfigError(explain(e, list(overrides))) from None
+    finally:
+        GlobalHydra.instance().clear()
+    return validate(cfg)
+
+
 def task_config(cfg: DictConfig) -> DictConfig:
     """The config a job's function receives (Hydra's own node removed, as Hydra's run_job does)."""
     cfg = copy.deepcopy(cfg)

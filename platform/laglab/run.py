@@ -144,6 +144,14 @@ def host_load_over(start: Optional[Tuple[int, int, int]]) -> Dict[str, Any]:
     return out
 
 
+def device_name(device: torch.device) -> str:
+    """The learner's device as a person reads it: ``cpu``, ``cuda:0 (NVIDIA A100-SXM4-40GB)``, ``mps``."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    return str(device)
+
+
 class CheckpointFailed(RuntimeError):
     """Training completed but checkpoints/final.pt could not be written (summary.json says why)."""
 
@@ -197,18 +205,21 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
     timeline.mark("tracker")  # (the tracker's clock, the metrics' wall_time, starts here)
     wandb_mode = tracker.wandb.mode if tracker.wandb else "disabled"
     auto = getattr(cfg, "actors_auto", None)  # how actors=auto chose (validate), else null: the count was given
+    device = device_name(learner.device)
     base = {"algo": cfg.algo.name, "actors": cfg.actors, "actors_auto": auto, "seed": cfg.seed,
-            "runner": cfg.runner.name.value,
+            "runner": cfg.runner.name.value, "learner_device": device,
+            "torch_threads_auto": getattr(cfg, "torch_threads_auto", None),  # (null: runner.torch_threads was given)
             "env_id": cfg.env.id, "total_env_steps": cfg.total_env_steps, "resumed_from": cfg.resume,
             "start_env_steps": used, "start_version": learner.version, "wandb_mode": wandb_mode,
-            "provenance": provenance()}
+            "provenance": {**provenance(), "learner_device": device, "torch_threads": torch.get_num_threads()}}
     try:
         cpu0: Optional[Tuple[int, int, int]] = _cpu_jiffies()
     except (OSError, ValueError, IndexError):
         cpu0 = None
-    log.info("laglab: %s on %s, %d actor(s)%s, runner=%s, seed=%d -> %s", cfg.algo.name, cfg.env.id, cfg.actors,
-             f" (actors=auto: {auto['cpus']} usable CPU(s))" if auto else "", cfg.runner.name.value, cfg.seed,
-             run_dir)
+    threads = cfg.runner.torch_threads
+    log.info("laglab: %s on %s, %d actor(s)%s, runner=%s, learner on %s%s, seed=%d -> %s", cfg.algo.name, cfg.env.id,
+             cfg.actors, f" (actors=auto: {auto['cpus']} usable CPU(s))" if auto else "", cfg.runner.name.value,
+             device, f" ({threads} torch threads)" if threads != 1 else "", cfg.seed, run_dir)
     status, error, result = "failed", None, {}
     t0 = time.perf_counter()
     try:

@@ -461,25 +461,12 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
 # ---- command line ------------------------------------------------------------------------------------------
 def compose(overrides: Sequence[str]) -> Config:
     """The config train.py would run with these overrides (the same Hydra composition and checks)."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from .preflight import compose as compose_config
 
-    from .config import register_configs, validate
-    from .preflight import explain
-
-    conf = Path(__file__).resolve().parents[2] / "conf"
-    if not conf.is_dir():
-        raise SimError(f"no config dir at {conf} (laglab.sim composes the repo's conf/, as train.py does)")
-    register_configs()
-    GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(str(conf), version_base="1.3"):
-            cfg = hydra_compose("config", overrides=list(overrides))
-    except Exception as e:  # noqa: BLE001 - Hydra's errors, told as train.py tells them
-        raise SimError(explain(e, list(overrides))) from None
-    finally:
-        GlobalHydra.instance().clear()
-    return validate(cfg)
+        return compose_config(overrides)
+    except ConfigError as e:
+        raise SimError(str(e)) from None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
