@@ -567,16 +567,17 @@ def refused(r: Run, overrides: List[str]) -> Optional[str]:
         # with the suggestions, as train.py would
         from laglab.sim import SimError, compose
 
-        own = [o for o in (yaml.safe_load(own_file.read_text()) or []) if not str(o).startswith("hydra.")]
-        try:
-            compose(list(own) + list(overrides))
+        own = [o for o in (yaml.safe_load(own_file.read_text()) or [])
+               if not str(o).startswith(("hydra.", "learner.device="))]
+        try:  # (on this machine's CPU: a run trained on a GPU is judged here all the same)
+            compose(list(own) + list(overrides) + ["learner.device=cpu"])
         except (SimError, ConfigError, ValueError) as e:
             return str(e).removeprefix("invalid config: ")
         return None
     register_configs()  # (the resolvers a run's composed config uses)
     try:
         validate(OmegaConf.merge(OmegaConf.create(r.cfg), OmegaConf.from_dotlist(
-            [o for o in overrides if o.split("=", 1)[0] not in CONFIG_GROUPS])))
+            [o for o in overrides if o.split("=", 1)[0] not in CONFIG_GROUPS] + ["learner.device=cpu"])))
     except (ConfigError, OmegaConfBaseException, ValueError) as e:
         return str(e).removeprefix("invalid config: ")
     return None

@@ -117,3 +117,27 @@ def test_video_is_recorded_or_what_is_missing_is_named(cartpole, monkeypatch):
     monkeypatch.setitem(sys.modules, "moviepy", None)  # as if it were not installed
     with pytest.raises(ConfigError, match=r"moviepy.*\[video\]"):
         evaluate(cartpole, episodes=1, video=cartpole / "videos" / "u")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU run evaluated on a machine without one")
+def test_a_run_trained_on_a_gpu_is_evaluated_on_a_cpu_machine(cartpole, tmp_path):
+    # its saved config names learner.device=cuda and its checkpoint's tensors say cuda:0, as a GPU run's do
+    import shutil
+
+    from test_learner_device import saved_as_if_on
+
+    run = tmp_path / "gpu_run"
+    shutil.copytree(cartpole, run)
+    cfg = (run / ".hydra" / "config.yaml").read_text()
+    assert "device: auto" in cfg
+    (run / ".hydra" / "config.yaml").write_text(cfg.replace("device: auto", "device: cuda"))
+    state = torch.load(cartpole / "checkpoints" / "final.pt", weights_only=True)
+    with saved_as_if_on("cuda:0"):
+        torch.save(state, run / "checkpoints" / "final.pt")
+    with pytest.raises(RuntimeError, match="CUDA"):
+        torch.load(run / "checkpoints" / "final.pt", weights_only=True)
+    out = evaluate(run, episodes=3, seed=123)
+    assert out["returns"] == evaluate(cartpole, episodes=3, seed=123)["returns"]
+    p = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), str(run), "--episodes", "2"], capture_output=True,
+                       text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr

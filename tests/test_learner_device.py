@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_leaves
 
 from laglab.actor import Actor
 from laglab.config import ConfigError, available_devices
-from laglab.learner import Learner, read_checkpoint
+from laglab.learner import Learner, chain_heights, read_checkpoint
 from laglab.run import env_spec
 
 from test_protocol import cfg_of
@@ -46,7 +46,65 @@ CASES = {
     "gru_burn_in_ewma": {"policy": {"recurrent": "gru", "hidden": 8}, "learner": {"burn_in": 4},
                          "algo": {"loss": {"kind": "decoupled", "prox": "ewma"}}},
     "lstm": {"policy": {"recurrent": "lstm", "hidden": 8}},
+    # truncations (bootstrapped from their final observations) and chains that start mid-episode from a stored state
+    # with no episode end in their first 4 steps (the burn-in cut): CartPole's episodes outlast a rollout
+    "truncations": {"env": {"id": "CartPole-v1", "max_episode_steps": 10}},
+    "lstm_burn_in_cut": {"policy": {"recurrent": "lstm", "hidden": 8}, "learner": {"burn_in": 4},
+                         "env": {"id": "CartPole-v1"}},
 }
+
+
+class OnDevice(TorchDispatchMode):
+    """Lineage of the update's tensors: what lives on the learner's device is the model's and the optimizer's state,
+    what ``Learner._dev`` moved there and what ops make from those alone. An op fed a tensor of any other origin (a
+    host tensor never moved: on a GPU, a device mismatch or a silent host computation) is recorded. Storages
+    identify tensors, so views count as their base."""
+
+    def __init__(self, learner):
+        super().__init__()
+        self.resident, self.strays, self.suspended, self.held = set(), [], 0, []
+        for t in [*learner.params, *learner.opt.exp_avg, *learner.opt.exp_avg_sq, *learner.opt.step_t,
+                  *(learner.prox_model.parameters() if learner.prox_model is not None else [])]:
+            self.add(t)
+
+    def add(self, t):
+        if isinstance(t, torch.Tensor):
+            self.resident.add(t.untyped_storage().data_ptr())
+            self.held.append(t)  # (held: no freed storage's address can come back as another tensor's)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.suspended or func in (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default):
+            return out  # (host work; a tensor from numpy: made on the host, resident only once moved)
+        ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.numel() > 1]
+        stray = [t for t in ins if t.untyped_storage().data_ptr() not in self.resident]
+        if stray:
+            self.strays.append(str(func))
+        else:
+            for t in tree_leaves(out):
+                self.add(t)
+        return out
+
+
+def watch_lineage(learner, monkeypatch):
+    mode = OnDevice(learner)
+    dev, batch = learner._dev, learner._batch
+
+    def moved(t):
+        out = dev(t)
+        mode.add(out)
+        return out
+
+    def host_work(frags):  # (stacking fragments is the host's work, before the batch moves)
+        mode.suspended += 1
+        try:
+            return batch(frags)
+        finally:
+            mode.suspended -= 1
+
+    monkeypatch.setattr(learner, "_dev", moved)
+    monkeypatch.setattr(learner, "_batch", host_work)
+    return mode
 
 
 def stale_batch(cfg):
@@ -62,6 +120,43 @@ def stale_batch(cfg):
     while len(frags) < 2 * n:
         frags += actor.collect().fragments
     return learner, frags[:n], frags[n:2 * n]
+
+
+# feed-forward cases: a recurrent minibatch packs its pieces with index tensors made by torch.tensor(..., device=)
+# each time (host data copied to the device: correct, and checked by the meta-device test below, but indistinguishable
+# here from a tensor made from numpy and never moved)
+@pytest.mark.parametrize("case", [c for c in CASES if "recurrent" not in CASES[c].get("policy", {})])
+def test_every_tensor_an_update_computes_with_was_moved_to_its_device_or_made_there(case, monkeypatch):
+    over = {k: dict(v) for k, v in CASES[case].items()}
+    over.setdefault("learner", {})["device"] = "cpu"
+    learner, first, second = stale_batch(cfg_of(actors=1, **over))
+    learner.update(first)
+    b = learner._batch(second)
+    if case == "truncations":
+        assert len(b.trunc_pos) > 0  # (the case reaches the truncation bootstrap)
+    mode = watch_lineage(learner, monkeypatch)
+    with mode:
+        learner.update(second)
+    assert len(mode.resident) > 20 and not mode.strays, sorted(set(mode.strays))
+
+
+def test_the_lineage_catches_a_host_tensor_never_moved(monkeypatch):
+    learner, first, _ = stale_batch(cfg_of(actors=1, learner={"device": "cpu"}))
+    mode = watch_lineage(learner, monkeypatch)
+    batch = learner._batch  # (the lineage's: host work, then moved)
+    monkeypatch.setattr(learner, "_batch", lambda frags: batch(frags)._replace(  # the rewards left on the host
+        rewards=torch.from_numpy(batch(frags).rewards.numpy().copy())))
+    with mode:
+        learner.update(first)
+    assert "aten.clone.default" in mode.strays  # (_targets' first use of the rewards)
+    mode = OnDevice(learner)
+    with mode:
+        w = learner.params[0]
+        (w * 2).sum()
+        w * torch.ones_like(w)  # made from a resident tensor: resident
+        assert not mode.strays
+        w * torch.from_numpy(np.ones(w.shape, np.float32))
+    assert mode.strays == ["aten.mul.Tensor"]
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -81,6 +176,11 @@ def test_every_tensor_of_an_update_is_made_on_the_configured_device(case):
         m = learner.update(second)
         kl = learner.fragment_kl(second[0])
     m_twin = twin.update(second)
+    b = twin._batch(second)
+    if case == "truncations":
+        assert len(b.trunc_pos) > 0  # (the case reaches the truncation bootstrap)
+    if case == "lstm_burn_in_cut":
+        assert twin._burn_in(b, chain_heights(b.succ) == 0)[1].any()  # (and the burn-in cut)
     assert probe.seen["cpu"] > 100 and set(probe.seen) == {"cpu"}, probe.seen
     assert learner.model.pi_head.weight.device.type == "cpu" if hasattr(learner.model, "pi_head") else True
     for a, b in zip(learner.model.parameters(), twin.model.parameters()):  # the very same update

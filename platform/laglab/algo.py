@@ -148,7 +148,7 @@ def effective_sample_fraction(log_w: Tensor) -> float:
     """Kish's effective sample size of importance weights exp(log_w), as a fraction of their count:
     (sum w)^2 / (n sum w^2), in (0, 1]; 1 when every weight is equal (on-policy data). Computed with the weights
     scaled by their maximum, so large log-weights do not overflow."""
-    lw = log_w.reshape(-1).double()
+    lw = log_w.detach().reshape(-1).to("cpu", torch.float64)  # (one figure per update: the host's float64; MPS has none)
     w = torch.exp(lw - lw.max())
     return float(w.sum() ** 2 / (len(w) * (w * w).sum()))
 

@@ -306,13 +306,14 @@ AUTO_THREADS_WORK = 1024 * 64
 def actor_cores(c: "Config") -> float:
     """CPUs of this machine the actors keep busy beside the learner: one per actor process (process runner), per
     actor thread (thread runner: they step envs while the learner computes), a Ray actor's reservation (a local
-    instance; on a cluster, counted as if local: the head may host actors), none for the sync runner (its actors
+    instance, at least one per actor whatever its fraction; on a cluster, counted as if local: the head may host
+    actors), none for the sync runner (its actors
     step in the learner's thread, between updates)."""
     kind = str(getattr(c.runner.name, "value", c.runner.name))
     if kind == "sync":
         return 0.0
-    if kind == "ray":
-        return c.actors * float(c.runner.cpus_per_actor)
+    if kind == "ray":  # (a fractional reservation still runs one busy process per actor)
+        return float(max(c.actors * float(c.runner.cpus_per_actor), c.actors))
     return float(c.actors)
 
 
@@ -326,6 +327,8 @@ def auto_torch_threads(c: "Config", cpus: int) -> int:
     256 x 64, Pendulum and HalfCheetah 64 x 64: no gain). In whole CartPole runs a second thread cost the process
     runner its actor's core (17-19k vs 23-30k SPS) and did not help the sync runner (18-24k vs 23-24k), three seeds
     each: the presets keep one thread."""
+    if c.learner.device not in ("auto", "cpu"):
+        return 1  # the update runs on the accelerator
     widths = list(c.policy.hidden_sizes) + ([int(c.policy.hidden)] if c.policy.recurrent != "none" else [])
     work = c.learner.batch_size // max(1, c.learner.minibatches) * max(widths or [1])
     free = int(cpus - math.ceil(actor_cores(c) - 1e-9))

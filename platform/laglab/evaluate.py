@@ -33,6 +33,8 @@ def run_config(run_dir: Path, overrides: Sequence[str] = ()) -> Config:
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
     if OmegaConf.select(cfg, "runner.name") == "ray":
         cfg.runner.name = "thread"  # evaluation runs no runner (and needs no Ray installed)
+    if OmegaConf.select(cfg, "learner") is not None:
+        cfg.learner.device = "cpu"  # nor a learner: a run trained on a GPU is evaluated on any machine
     return validate(cfg)
 
 

@@ -35,8 +35,14 @@ def resolve_device(name: str) -> torch.device:
     """``learner.device`` as a torch device: ``auto`` is CUDA where torch sees a GPU, else the CPU (config validation
     has refused an accelerator this machine lacks)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda":  # with its index, so a tensor's device compares equal to it (cuda means the current)
+        device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+        torch.cuda.set_device(device)
+    elif device.type == "mps":
+        device = torch.device("mps", 0)
+    return device
 
 
 def build_model(cfg: Config, spec: EnvSpec):
@@ -173,6 +179,9 @@ class Learner:
         self._ewma_total = 1.0  # the weight the EWMA has accumulated (bias correction, as PPO-EWMA)
         if is_decoupled(cfg) and cfg.algo.loss.prox == Prox.ewma:
             self.prox_model = copy.deepcopy(self.model).requires_grad_(False)
+            for m in self.prox_model.modules():  # (a copied GRU/LSTM's weights are no longer one cuDNN chunk)
+                if isinstance(m, torch.nn.RNNBase):
+                    m.flatten_parameters()
 
     def _ewma_step(self) -> None:
         """After each optimizer step: prox <- keep * prox + (1 - keep) * theta, keep = beta * W / (beta * W + 1),
@@ -306,8 +315,6 @@ class Learner:
             dones=None if s.state is None else torch.from_numpy(s.terminated | s.truncated),
             starts_episode=None if s.state is None else np.array([f.id.episode_t0 == 0 for f in frags]),
         )
-        if self.device.type == "cpu":
-            return b
         return b._replace(**{k: self._dev(getattr(b, k)) for k in BATCH_TENSORS if getattr(b, k) is not None})
 
     def audit(self, frags: Sequence[Fragment]) -> int:
