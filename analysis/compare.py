@@ -440,7 +440,18 @@ def select(df: pd.DataFrame, key: str, on_seeds: Sequence[int], by: Sequence[str
                      **{f"selection runs at {v}": n for v, n in n_runs.items()}})
     df.loc[~keep, "selection"] = np.where(sel_seed[~keep], "selection", "not chosen")
     df["used"] = used & keep
-    return df, pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+
+    def value_order(c):  # each kind of column in the order of the values it is at
+        v = c.rsplit(" at ", 1)[1]
+        try:
+            return (0, float(v), v)
+        except ValueError:
+            return (1, 0.0, v)
+    per_value = [c for c in table.columns if c.startswith("selection ")]
+    first = [c for c in table.columns if c not in per_value]
+    by_kind = sorted(per_value, key=lambda c: (c.startswith("selection runs"), value_order(c)))
+    return df, table[first + by_kind]
 
 
 def normalized_aggregates(df: pd.DataFrame, by: Sequence[str], cols: Sequence[str] = ("final_return", "auc"),

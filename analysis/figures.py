@@ -225,7 +225,8 @@ def lag_cost_figure(res: "Result", out: Path) -> Optional[Path]:
         f = f[(f[tkey].astype(str) != str(tval)) & f["auc_delta"].notna()]
         if f.empty:
             continue
-        lab = cmp.label(keys, cmp._key(fk)) if keys and not along else f"{_short_key(tkey)} vs {tval}"
+        lab = (cmp.label(keys, cmp._key(fk)) if keys and not along else
+               f"{_short_key(tkey)}={'/'.join(sorted(f[tkey].astype(str).unique()))} vs {tval}")
         x_lag = (x_set[f.index] if x_set is not None else _numeric(f[along].astype(str)) if along
                  else f["lag_mean_iqm"].to_numpy(float))
         order = np.argsort(x_lag)
