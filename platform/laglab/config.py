@@ -307,8 +307,7 @@ def actor_cores(c: "Config") -> float:
     """CPUs of this machine the actors keep busy beside the learner: one per actor process (process runner), per
     actor thread (thread runner: they step envs while the learner computes), a Ray actor's reservation (a local
     instance, at least one per actor whatever its fraction; on a cluster, counted as if local: the head may host
-    actors), none for the sync runner (its actors
-    step in the learner's thread, between updates)."""
+    actors), none for the sync runner (its actors step in the learner's thread, between updates)."""
     kind = str(getattr(c.runner.name, "value", c.runner.name))
     if kind == "sync":
         return 0.0
