@@ -87,10 +87,15 @@ def groups_of(runs: pd.DataFrame, by: Sequence[str]) -> List[Tuple[tuple, pd.Dat
     return [(_key(k), g) for k, g in runs.groupby(list(by), dropna=False, sort=True)]
 
 
+def short_key(key: str) -> str:
+    """A config column as a person writes the key: ``cfg.learner.lr`` -> ``learner.lr``."""
+    return key[4:] if key.startswith("cfg.") else key
+
+
 def label(by: Sequence[str], key: tuple, short: bool = True) -> str:
     if not by:
         return "all"
-    name = (lambda b: b[4:] if b.startswith("cfg.") else b) if short else (lambda b: b)
+    name = short_key if short else (lambda b: b)
     value = lambda v: "null" if str(v) in ("nan", "None", "<NA>") else v  # noqa: E731  (as a config spells it)
     return ", ".join(f"{name(b)}={value(v)}" for b, v in zip(by, key))
 

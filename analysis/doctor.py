@@ -565,13 +565,13 @@ def refused(r: Run, overrides: List[str]) -> Optional[str]:
     if any(o.split("=", 1)[0] in CONFIG_GROUPS for o in overrides) and own_file.is_file():
         # a config group (algo=dual_clip) is a whole file Hydra composes in: compose the run's own command line
         # with the suggestions, as train.py would
-        from laglab.sim import SimError, compose
+        from laglab.preflight import compose
 
         own = [o for o in (yaml.safe_load(own_file.read_text()) or [])
                if not str(o).startswith(("hydra.", "learner.device="))]
         try:  # (on this machine's CPU: a run trained on a GPU is judged here all the same)
             compose(list(own) + list(overrides) + ["learner.device=cpu"])
-        except (SimError, ConfigError, ValueError) as e:
+        except (ConfigError, ValueError) as e:
             return str(e).removeprefix("invalid config: ")
         return None
     register_configs()  # (the resolvers a run's composed config uses)

@@ -197,10 +197,6 @@ def _numeric(values: Sequence[str]) -> Optional[np.ndarray]:
         return None
 
 
-def _short_key(key: str) -> str:
-    return key[4:] if key.startswith("cfg.") else key
-
-
 def lag_cost_figure(res: "Result", out: Path) -> Optional[Path]:
     s, by, base = res.summary, res.by, res.baseline
     used = _used(res)
@@ -226,7 +222,7 @@ def lag_cost_figure(res: "Result", out: Path) -> Optional[Path]:
         if f.empty:
             continue
         lab = (cmp.label(keys, cmp._key(fk)) if keys and not along else
-               f"{_short_key(tkey)}={'/'.join(sorted(f[tkey].astype(str).unique()))} vs {tval}")
+               f"{cmp.short_key(tkey)}={'/'.join(sorted(f[tkey].astype(str).unique()))} vs {tval}")
         x_lag = (x_set[f.index] if x_set is not None else _numeric(f[along].astype(str)) if along
                  else f["lag_mean_iqm"].to_numpy(float))
         order = np.argsort(x_lag)
@@ -264,7 +260,7 @@ def lag_cost_figure(res: "Result", out: Path) -> Optional[Path]:
     if xs:
         axes[0].set_xticks(xs)
         axes[0].set_xticklabels([f"{v:g}" for v in xs])
-    axes[0].set_xlabel(f"{_short_key(tkey)} (log2 axis)" if x_set is not None else f"{_short_key(along)} (log2 axis)"
+    axes[0].set_xlabel(f"{cmp.short_key(tkey)} (log2 axis)" if x_set is not None else f"{cmp.short_key(along)} (log2 axis)"
                        if along else "measured mean version lag (log2 axis)")
     axes[1].set_xlabel("measured KL(behavior ‖ current) per update (IQM)")
     if np.all(s.loc[s[tkey].astype(str) != str(tval), "kl_behavior_iqm"].dropna() > 0):
@@ -272,7 +268,7 @@ def lag_cost_figure(res: "Result", out: Path) -> Optional[Path]:
         axes[1].xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         axes[1].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         axes[1].xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    tname = tkey[4:] if tkey.startswith("cfg.") else tkey
+    tname = cmp.short_key(tkey)
     tname = tname.split(".")[-1] if tname.startswith("actor.") else tname  # actor.fixed_lag: fixed_lag
     for ax in axes:
         ax.axhline(0, color="0.4", lw=0.8, ls="--")
@@ -280,7 +276,7 @@ def lag_cost_figure(res: "Result", out: Path) -> Optional[Path]:
         ax.grid(alpha=0.3)
     _legend(axes[1])
     small = bool((s["runs"] < MIN_CI_RUNS).any())
-    short = [k[4:] if k.startswith("cfg.") else k for k in keys]
+    short = [cmp.short_key(k) for k in keys]
     same = ", ".join(k.split(".")[-2] if k.count(".") >= 1 and k.endswith(".name") else k for k in short) or "group"
     fig.suptitle(f"Lag cost: AUC minus the AUC of the same {same} at {tname}={tval} (IQM difference; "
                  + ("band: seed range where a group has < 5 runs, dots: seeds; " if small else "band: 95% CI; ")

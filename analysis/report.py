@@ -253,8 +253,7 @@ def _cell(mid, lo, hi, kind: str = "", signed: bool = False) -> str:
     return f"{_num(mid, signed)} [{_num(lo, signed)}, {_num(hi, signed)}]" + ("†" if kind == "seed range" else "")
 
 
-def _short(col: str) -> str:
-    return col[4:] if col.startswith("cfg.") else col
+_short = cmp.short_key
 
 
 def compact_table(res: Result) -> pd.DataFrame:

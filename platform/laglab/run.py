@@ -145,10 +145,10 @@ def host_load_over(start: Optional[Tuple[int, int, int]]) -> Dict[str, Any]:
 
 
 def device_name(device: torch.device) -> str:
-    """The learner's device as a person reads it: ``cpu``, ``cuda:0 (NVIDIA A100-SXM4-40GB)``, ``mps``."""
+    """The learner's device (as :func:`laglab.learner.resolve_device` gives it, with its index) as a person reads it:
+    ``cpu``, ``cuda:0 (NVIDIA A100-SXM4-40GB)``, ``mps:0``."""
     if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+        return f"{device} ({torch.cuda.get_device_name(device)})"
     return str(device)
 
 
