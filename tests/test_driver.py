@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
+from laglab import timeline
 from laglab.accounting import Budget, Ledger
 from laglab.admission import Admission
 from laglab.config import Config, Duplicates, validate
@@ -41,8 +42,8 @@ class ScriptedLearner:
     """What the driver asks of a learner: ``kl`` maps a fragment's t_start to its KL(behavior || current);
     an update takes ``update_s`` on the clock and makes a new version."""
 
-    def __init__(self, clock, kl=None, update_s=0.25):
-        self.clock, self.kl, self.update_s = clock, kl or {}, update_s
+    def __init__(self, clock, kl=None, update_s=0.25, take_s=0.0):
+        self.clock, self.kl, self.update_s, self.take_s = clock, kl or {}, update_s, take_s
         self.version = 0
         self.updates = 0
         self.consumed: Dict[int, int] = {}
@@ -55,6 +56,7 @@ class ScriptedLearner:
     publish_snapshot = snapshot
 
     def take(self, f):
+        self.clock.t += self.take_s
         self.consumed[f.id.incarnation] = max(self.consumed.get(f.id.incarnation, 0), f.id.t_end + 1)
         return self.version - f.id.behavior_version
 
@@ -98,6 +100,7 @@ def cfg_of(**over) -> Config:
 def clock(monkeypatch):
     c = Clock()
     monkeypatch.setattr(drv, "time", SimpleNamespace(perf_counter=c, monotonic=c))
+    monkeypatch.setattr(timeline, "_marks", dict(timeline._marks))  # (the driver marks first fragment / update)
     return c
 
 
@@ -111,9 +114,9 @@ def make(clock, cfg=None, kl=None, checkpoint_dir=None, gauges=None, actors=None
     return d, learner, published
 
 
-def f(t, version=0, env=3):
+def f(t, version=0, env=3, inc=0):
     """The fragment of env ``env`` at timestep ``t`` (a multiple of T), acted on by ``version``."""
-    return frag(t_start=t, t_end=t + T - 1, episode_t0=0, behavior_version=version, env_index=env)
+    return frag(t_start=t, t_end=t + T - 1, episode_t0=0, behavior_version=version, env_index=env, incarnation=inc)
 
 
 def test_the_batch_is_complete_at_exactly_the_fragments_it_needs(clock):
@@ -182,18 +185,21 @@ def test_the_lr_schedule_is_told_every_step_that_met_a_fate(clock):
 
 def test_wait_compute_and_offer_time_and_the_update_rate(clock):
     d, ln, _ = make(clock)
+    ln.take_s = 0.125  # staging a fragment takes 1/8 s on the clock (counted as offer time, and as waiting)
     clock.t += 1.0  # the learner waits a second for its first fragment
     d.offer(f(0), True)
-    clock.t += 0.5
+    clock.t += 0.25
     row = d.offer(f(T), True)  # the update takes 0.25 s on the clock
     assert row["learner/wait_s"] == pytest.approx(1.5) and row["learner/compute_s"] == pytest.approx(0.25)
-    assert row["learner/offer_s"] == pytest.approx(0.0)  # admission and staging took no clock time
+    assert row["learner/offer_s"] == pytest.approx(0.25)  # both fragments' staging, since the last update
     assert row["learner/wait_frac"] == pytest.approx(1.5 / 1.75)
+    ln.take_s = 0.0
     assert row["learner/updates_per_s"] == pytest.approx(1 / 4.0)  # one update in the tracker's 4 s
     clock.t += 0.25
     d.offer(f(2 * T), True)
     row = d.offer(f(3 * T), True)
     assert row["learner/wait_s"] == pytest.approx(0.25)  # counted from the end of the last update
+    assert row["learner/offer_s"] == 0.0  # reset at each update
     assert d.wait_s == pytest.approx(1.75) and d.compute_s == pytest.approx(0.5)
     assert row["learner/wait_frac"] == pytest.approx(1.75 / 2.25)
     assert row["learner/updates_per_s"] == pytest.approx(2 / 4.0)
@@ -230,10 +236,13 @@ def test_a_kl_forced_publication_gives_the_actors_the_newest_snapshot_whatever_t
     cfg = cfg_of(actor={"envs_per_actor": 4, "rollout_len": T, "fixed_lag": 2},
                  learner={"batch_size": 2 * T, "minibatches": 1, "max_kl_behavior": 0.5})
     d, ln, pub = make(clock, cfg, kl={100 * T: 0.9})
+    inc = d.ledger.new_incarnation(1)  # a live incarnation of actor 1 (the retired ones' credit is forgotten)
     for t in range(6):  # 3 updates, a publication after each: versions 1, 2, 3; the actors get 2 back
-        d.offer(f(t * T, version=ln.version), True)
+        d.offer(f(t * T, version=ln.version, inc=inc), True)
     assert [s.version for s in pub] == [0, 0, 1] and d.kl_publications == 0
-    d.offer(f(100 * T, version=1), True)  # over the cap
+    # the actors get an old version with the newest throttle credit (what the learner has received by now)
+    assert pub[-1].consumed == ln.consumed == {inc: 6 * T} and pub[0].consumed == {inc: 2 * T}
+    d.offer(f(100 * T, version=1, inc=inc), True)  # over the cap
     assert d.kl_publications == 1 and pub[-1].version == ln.version == 3
     assert pub[-1].consumed == ln.consumed
 
@@ -276,14 +285,22 @@ def test_the_runners_gauges_and_actor_stats_reach_each_update(clock):
 
 
 class ScriptedQueue:
-    def __init__(self, clock, items):
-        self.clock, self.items, self.depth = clock, list(items), 0
+    """Hands out ``items``, then nothing (a poll of ``poll`` s on the clock); ``depths``: what each look at its
+    depth reads (then 0)."""
+
+    def __init__(self, clock, items, depths=()):
+        self.clock, self.items, self.depths, self.looks = clock, list(items), list(depths), 0
 
     def get(self, poll):
         if self.items:
             return self.items.pop(0)
         self.clock.t += poll
         return None
+
+    @property
+    def depth(self):
+        self.looks += 1
+        return self.depths.pop(0) if self.depths else 0
 
 
 def test_serve_waits_exactly_the_timeout_before_it_gives_up_on_the_actors(clock):
@@ -298,3 +315,24 @@ def test_serve_waits_exactly_the_timeout_before_it_gives_up_on_the_actors(clock)
         drv.serve(ScriptedQueue(clock, [(f(0), True)]), d, supervise, lambda credits: None, cfg)
     # polls at +0.5 .. +2.0 after the last data (no give-up at exactly the timeout), then the fifth gives up
     assert [round(t - 1000.0, 3) for t in polls[1:]] == [0.5, 1.0, 1.5, 2.0, 2.5]
+
+
+def test_serve_returns_once_no_actor_can_produce_and_the_queue_is_empty(clock):
+    cfg = cfg_of(runner={"name": "sync", "poll_s": 0.5, "actor_timeout_s": 100.0})
+    d, ln, _ = make(clock, cfg)
+    q = ScriptedQueue(clock, [(f(0), True), (f(T), True)], depths=[3])  # 3 still queued at the first empty poll
+    alive = iter([True, True, False, False])  # alive while the two fragments come, then gone
+    drv.serve(q, d, lambda: next(alive), lambda credits: None, cfg)
+    assert ln.updates == 1  # both fragments were offered before it returned
+    assert q.looks == 2  # with 3 queued it went on; it returned at the next empty poll, with none
+
+
+def test_serve_grants_the_starving_actors_credit_once_per_change(clock):
+    cfg = cfg_of(runner={"name": "sync", "poll_s": 0.5, "actor_timeout_s": 100.0})
+    d, ln, _ = make(clock, cfg)
+    d.ledger.new_incarnation(1)  # incarnation 1 of actor 1, its stream on env 3
+    d.ledger.mark_sent(1, 3, 2 * T - 1)  # it sent two rollouts; the learner received none yet
+    polls = iter([True, True, True, False])
+    grants = []
+    drv.serve(ScriptedQueue(clock, []), d, lambda: next(polls), grants.append, cfg)
+    assert grants == [{1: 2 * T}]  # granted once on the first empty poll; the same credit is not sent again

@@ -80,7 +80,7 @@ def same(a, b):
 
 def test_names_say_whose_segment_it_is_and_tokens_are_fresh():
     a, b = new_token(), new_token()
-    assert a != b and len(a) == 8 and int(a, 16) >= 0
+    assert a != b and len(a) == 8 and set(a) <= set("0123456789abcdef")
     assert segment_name(a, "slots") == f"laglab-{os.getpid()}-{a}-slots"
 
 
@@ -117,7 +117,10 @@ def test_every_kind_of_fragment_round_trips_through_a_slot_beside_its_neighbours
             g = pool.read(s, f.id, len(f.trunc_obs))
             same(g, f)
             assert g.id == f.id and not g.obs.flags.writeable
-            assert g.obs.base is None or g.obs.base is not pool.shm.buf  # a private copy
+            v = pool.views(s)
+            for name in ARRAYS:  # private copies: nothing read shares the slot's memory
+                if getattr(g, name) is not None:
+                    assert not np.shares_memory(getattr(g, name), v[name]), name
     finally:
         pool.close(unlink=True)
 
@@ -135,6 +138,24 @@ def test_arrays_the_layout_has_no_room_for_are_left_out_not_written_elsewhere(na
     try:
         pool.write(0, f)
         same(pool.read(0, f.id, 2), plain)
+    finally:
+        pool.close(unlink=True)
+
+
+def test_each_slot_view_sits_inside_its_own_slot(names):
+    """Where the views point, by address: slot s's field f starts at base + s * slot_bytes + f.offset, after the
+    state bytes, and ends inside slot s (a wrong offset that a write and a read share would round-trip anyway)."""
+    lay = FragmentLayout(BOX, T, STATE)
+    pool = SlotPool(lay, actors=2, per_actor=2, name=names("slots"), create_new=True)
+    try:
+        start = np.frombuffer(pool.shm.buf, np.uint8).__array_interface__["data"][0]
+        assert pool.state.__array_interface__["data"][0] == start and pool._base >= pool.n
+        for s in range(pool.n):
+            lo = start + pool._base + s * lay.slot_bytes
+            for f in lay.fields:
+                addr = pool.views(s)[f.name].__array_interface__["data"][0]
+                assert addr == lo + f.offset and addr + f.nbytes <= lo + lay.slot_bytes, (s, f.name)
+        assert pool._base + pool.n * lay.slot_bytes <= pool.shm.size
     finally:
         pool.close(unlink=True)
 
@@ -279,67 +300,81 @@ def test_the_shared_budget_reserves_exactly_up_to_its_total(names):
         c.close(unlink=True)
 
 
-def test_a_budget_lock_held_too_long_fails_after_the_wait_instead_of_hanging(names, monkeypatch):
+class Clock:
+    """shm's monotonic clock, scripted; sleeps are recorded, never slept."""
+
+    def __init__(self, times):
+        self.times, self.sleeps = list(times), []
+
+    def monotonic(self):
+        return self.times.pop(0)
+
+    def sleep(self, s):
+        self.sleeps.append(s)
+
+
+def test_a_budget_lock_held_too_long_fails_after_the_whole_wait_instead_of_hanging(names, monkeypatch):
     c = SharedCounter(names("budget"), True, actors=1, total=10)
     fd = os.open(os.path.join("/dev/shm", c.name), os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # another holder (flock is per open file description)
-        monkeypatch.setattr(SharedCounter, "LOCK_WAIT_S", 0.05)
-        t = time.monotonic()
+        clock = Clock([0.0, 5.0, 10.0, 10.5])
+        monkeypatch.setattr(shm, "time", clock)
+        monkeypatch.setattr(SharedCounter, "LOCK_WAIT_S", 10.0)
         with pytest.raises(RuntimeError, match="budget lock"):
             c.reserve(0, 1)
-        assert time.monotonic() - t >= 0.05 and c.used == 0  # it waited the whole time, and reserved nothing
+        # the deadline is 0 + 10: polls at 5 and at exactly 10 wait on, the one at 10.5 gives up
+        assert len(clock.sleeps) == 2 and clock.times == [] and c.used == 0
         fcntl.flock(fd, fcntl.LOCK_UN)
-        assert c.reserve(0, 1) and c.used == 1  # and the lock works again once released
+        clock.times = [0.0]
+        assert c.reserve(0, 1) and c.used == 1 and clock.sleeps == [0.0005] * 2  # free: taken without a wait
     finally:
         os.close(fd)
         c.close(unlink=True)
 
 
-def test_release_of_nothing_or_of_a_segment_already_gone_is_quiet(names):
+def test_release_of_nothing_or_of_a_segment_already_gone_is_quiet_and_forgotten(names, monkeypatch):
     shm.release(None, True)
     seg = shm.create(names("x"), 0)
     assert seg.size >= 1  # a zero-byte request still makes a segment
-    os.unlink(os.path.join("/dev/shm", seg.name.lstrip("/")))
-    shm.release(seg, True)
+    os.unlink(os.path.join("/dev/shm", seg.name.lstrip("/")))  # removed by someone else (a sweep)
+    told = []
+    real = shm.resource_tracker.unregister
+    monkeypatch.setattr(shm.resource_tracker, "unregister", lambda name, kind: (told.append((name, kind)),
+                                                                              real(name, kind)))
+    shm.release(seg, True)  # no error, and the tracker forgets it (else it warns of a leak at exit)
+    assert told == [(seg._name, "shared_memory")]
 
 
-def _fake_run(pid, token, whats):
-    made = []
+def _fake_run(where, pid, token, whats):
     for w in whats:
-        p = os.path.join("/dev/shm", f"laglab-{pid}-{token}-{w}")
-        open(p, "w").close()
-        made.append(p)
-    return made
+        open(os.path.join(where, f"laglab-{pid}-{token}-{w}"), "w").close()
 
 
-def test_the_sweep_removes_dead_runs_only_and_their_life_file_last(names):
-    dead, alive, old = new_token(), new_token(), new_token()
-    pid = 2 ** 22 + 17  # (no such pid matters: the life file decides)
-    _fake_run(pid, dead, ["slots", "life", "snapshot"])
-    _fake_run(pid, old, ["slots"])  # a run from before life files: no proof either way
-    open(f"/dev/shm/laglab-{pid}-{dead}", "w").close()  # not a segment name (no '-<what>'): not the sweep's
+def test_the_sweep_removes_dead_runs_only_and_their_life_file_last(tmp_path, monkeypatch):
+    monkeypatch.setattr(shm, "SHM_DIR", str(tmp_path))  # a private /dev/shm: other runs' segments are not touched
+    pid = 4242
+    dead, alive, old, later = "0000dead", "1111a11e", "22220000", "ffff0000"
+    _fake_run(tmp_path, pid, dead, ["slots", "life", "snapshot"])
+    _fake_run(tmp_path, pid, later, ["slots", "life"])  # a second dead run, after the first in name order
+    _fake_run(tmp_path, pid, old, ["slots"])  # a run from before life files: no proof either way
+    open(tmp_path / f"laglab-{pid}-{dead}", "w").close()  # not a segment name (no '-<what>'): not the sweep's
+    _fake_run(tmp_path, pid, alive, ["slots"])
     life = RunLife(f"laglab-{pid}-{alive}-life")  # held by a live learner (this process)
-    _fake_run(pid, alive, ["slots"])
     try:
         assert f"laglab-{pid}-{dead}-slots" in leftover_segments(pid) and leftover_segments(pid + 1) == []
         removed = sweep_stale()
-        assert sorted(r for r in removed if f"-{dead}-" in r) == sorted(
-            f"laglab-{pid}-{dead}-{w}" for w in ("slots", "life", "snapshot"))
-        assert removed[-1] == f"laglab-{pid}-{dead}-life"  # the proof goes last
-        left = leftover_segments(pid)
-        assert f"laglab-{pid}-{alive}-slots" in left and f"laglab-{pid}-{alive}-life" in left
-        assert f"laglab-{pid}-{old}-slots" in left and not any(f"-{dead}-" in n for n in left)
-        assert f"laglab-{pid}-{dead}" in left
+        for token, whats in ((dead, ("slots", "snapshot", "life")), (later, ("slots", "life"))):
+            mine = [r for r in removed if f"-{token}-" in r]
+            assert sorted(mine) == sorted(f"laglab-{pid}-{token}-{w}" for w in whats)
+            assert mine[-1] == f"laglab-{pid}-{token}-life"  # each run's proof goes last
+        assert sorted(os.listdir(tmp_path)) == sorted([f"laglab-{pid}-{dead}", f"laglab-{pid}-{old}-slots",
+                                                       f"laglab-{pid}-{alive}-slots", f"laglab-{pid}-{alive}-life"])
     finally:
         life.close(unlink=True)
-        for n in leftover_segments(pid):
-            os.unlink(os.path.join("/dev/shm", n))
-    assert leftover_segments(pid) == []
+    assert not (tmp_path / f"laglab-{pid}-{alive}-life").exists()
 
 
-def test_without_a_dev_shm_there_is_nothing_to_sweep(monkeypatch):
-    def gone(path):
-        raise FileNotFoundError(path)
-    monkeypatch.setattr(shm.os, "listdir", gone)
+def test_without_a_dev_shm_there_is_nothing_to_sweep(tmp_path, monkeypatch):
+    monkeypatch.setattr(shm, "SHM_DIR", str(tmp_path / "absent"))
     assert leftover_segments() == [] and sweep_stale() == []

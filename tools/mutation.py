@@ -8,8 +8,7 @@ Each mutant is named stably by its module, the stripped text of its line, the op
 ``#n`` when that line text holds the same change more than once), never by line number or gremlin id. A surviving
 mutant is *equivalent* if mutation/equivalent.toml lists it with a reason, else it *survived*.
 
-score = killed / (total - equivalent), killed counting timeouts and crashes of the tests inside the mutated module
-(a segfault from a mutated offset). mutation/score.json keeps each module's
+score = killed / (total - equivalent), killed counting timeouts. mutation/score.json keeps each module's
 figures, its killed mutants and its open survivors; a run exits 1 if a module scores below 90%, if a mutant that
 score.json records as killed now survives, or if a survivor is neither equivalent nor already open in score.json
 (so the score can only go up). It rewrites score.json for the modules it ran (--no-write to leave it).
@@ -106,13 +105,6 @@ def run_module(name: str, mod: dict, workers: int, timeout_s: int) -> List[dict]
     return json.loads(REPORT.read_text())["results"]
 
 
-def crashed_in_module(r: dict, path: Path) -> bool:
-    """An ``error`` that is a detection: the test process died of a fatal error (e.g. a segfault from a mutated
-    offset writing past a shared-memory buffer) with the mutated module's code on the crashing stack."""
-    out = r.get("error_output") or ""
-    return "Fatal Python error" in out and f'File "{path}"' in out
-
-
 def score_module(name: str, mod: dict, results: List[dict], equivalent: Dict[str, str]) -> dict:
     path = ROOT / mod["path"]
     source = path.read_text().splitlines()
@@ -125,8 +117,6 @@ def score_module(name: str, mod: dict, results: List[dict], equivalent: Dict[str
             killed.append(key)
         elif r["status"] == "survived":
             (equiv if key in equivalent else survived).append(key)
-        elif crashed_in_module(r, path):  # the tests ran and the mutant's own code crashed them (a segfault)
-            killed.append(key)
         else:  # error: the mutant could not be tested; neither killed nor excused
             errors.append(f"{key} [{r['status']}]")
     total = len(killed) + len(equiv) + len(survived) + len(errors)

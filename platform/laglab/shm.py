@@ -55,21 +55,21 @@ def release(shm: Optional[shared_memory.SharedMemory], unlink: bool) -> None:
     if unlink:
         try:
             shm.unlink()
-        except FileNotFoundError:
-            pass
+        except FileNotFoundError:  # removed already (a sweep, an operator): this process's tracker still lists it
+            resource_tracker.unregister(shm._name, "shared_memory")  # (unlink unregisters only on success)
+
+
+SHM_DIR = "/dev/shm"  # where POSIX shared memory lives on Linux (the only platform the process runner supports)
 
 
 def leftover_segments(pid: Optional[int] = None) -> List[str]:
     """laglab segments still in /dev/shm (of one creating process, if ``pid`` is given)."""
     try:
-        names = os.listdir("/dev/shm")
+        names = os.listdir(SHM_DIR)
     except FileNotFoundError:
         return []
     want = f"{PREFIX}{pid}-" if pid is not None else PREFIX
     return sorted(n for n in names if n.startswith(want))
-
-
-SHM_DIR = "/dev/shm"  # where POSIX shared memory lives on Linux (the only platform the process runner supports)
 
 
 class RunLife:
