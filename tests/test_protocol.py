@@ -299,12 +299,27 @@ def test_hung_actor_is_detected_by_heartbeat_and_replaced(tmp_path, runner):
     t = s["transport"]
     assert s["chaos"]["hangs"] >= 1 and s["actor_restarts"] >= 1
     if runner == "ray":  # a hung call never reports its rollout: its budget is given back, nothing is in hand
-        # (every scripted hang is detected; on an overloaded machine a slow call may be taken for hung as well)
+        # (every scripted hang is detected, also one as the budget runs out; on an overloaded machine a slow call
+        # may be taken for hung as well)
         assert s["chaos"]["hangs_detected"] >= s["chaos"]["hangs"] and s["actor_restarts"] == s["chaos"]["hangs_detected"]
         assert t["dropped"].get("abandoned", 0) == 0
     else:
         assert t["dropped"]["abandoned"] == 64 * s["chaos"]["hangs"]  # its whole rollout (4 envs x 16), untrained
     assert balanced(t) and t["misattributed"] == 0
+
+
+@pytest.mark.parametrize("runner", ASYNC)
+def test_an_actor_that_hangs_as_the_budget_runs_out_is_detected_too(tmp_path, runner):
+    # one actor, its scripted hang at the run's last env step: the next thing it is asked (on Ray: to flush
+    # what its link holds) is never answered, and the run sees that rather than ending with a hang it never noticed
+    s = run(on(runner, actors=1, runner={"heartbeat_timeout_s": 1.0, "actors_max_restarts": 5},
+               chaos={"name": "hang", "hang_every_steps": 8192}), tmp_path)
+    assert s["env_steps"] == 8192 and s["chaos"]["hangs"] == 1
+    if runner == "ray":
+        assert s["chaos"]["hangs_detected"] == 1 and s["actor_restarts"] == 1
+    else:
+        assert s["transport"]["dropped"]["abandoned"] == 64 and s["actor_restarts"] == 1
+    assert balanced(s["transport"])
 
 
 @pytest.mark.parametrize("runner", ALL)

@@ -197,6 +197,9 @@ class RolloutWorker:
         """Release what the link holds back (the run is ending): the fragments, as ``rollout`` reports them."""
         if self.killed:
             raise RuntimeError(f"actor {self.actor_id} (incarnation {self.inc}) was killed")
+        if self.hang_next:  # a hung actor answers no call (the budget ran out as it reported its scripted hang)
+            while True:
+                time.sleep(3600)
         self.ch.flush()
         out, self.ch.outbox = self.ch.outbox, []
         return {"inc": self.inc, "produced": self.produced, "in_hand": self.in_hand, "steps": 0,
