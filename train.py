@@ -1,7 +1,7 @@
 """laglab entry point: ``python train.py [overrides]`` (Hydra). See README.md for the config groups.
 
 Exit codes: 0 the run (every job of a sweep) completed; 2 a bad override or config, refused before anything
-started (no run dir); 130 stopped by Ctrl-C or SIGTERM (the summary says "interrupted"; a sweep stops too);
+started (no run dir); 130 stopped by Ctrl-C, SIGTERM or SIGHUP (the summary says "interrupted"; a sweep stops too);
 1 the run failed.
 
 Kept light at import: actor processes started with ``spawn`` re-import this module, and must not pay for
@@ -51,9 +51,10 @@ def main(cfg) -> float:
     timeline.mark("imports")
     if stop_requested():  # Ctrl-C between two jobs of a sweep: start no other
         sys.exit(INTERRUPTED)
-    # SIGTERM and Ctrl-C stop the run at its next safe point; it still writes its summary (status: interrupted)
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    # SIGTERM, Ctrl-C and SIGHUP (the terminal or ssh session closed) stop the run at its next safe point; it
+    # still writes its summary (status: interrupted)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, request_stop)
     group = hc.sweep.dir if sweep else None  # a sweep is one W&B group
     try:
         resolved = OmegaConf.to_container(cfg, resolve=True)

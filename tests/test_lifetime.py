@@ -222,13 +222,13 @@ def _reserve_and_hold(name, conn):
         time.sleep(600)
 
 
-def _sigterm_the_group(tmp_path, actors, *args):
-    """Start a run in its own process group, SIGTERM the group once ``actors`` actors run; (summary, stderr,
-    the processes below the learner at the signal, exit code, the learner's pid)."""
+def _sigterm_the_group(tmp_path, actors, *args, sig=signal.SIGTERM):
+    """Start a run in its own process group, send ``sig`` to the group once ``actors`` actors run; (summary,
+    stderr, the processes below the learner at the signal, exit code, the learner's pid)."""
     p = _start(tmp_path, *args, start_new_session=True)
     try:
         kids = _wait_for_actors(p, tmp_path, actors)
-        os.killpg(p.pid, signal.SIGTERM)
+        os.killpg(p.pid, sig)
         _, err = p.communicate(timeout=120)
     finally:
         if p.poll() is None:
@@ -237,11 +237,14 @@ def _sigterm_the_group(tmp_path, actors, *args):
     return json.loads((tmp_path / "summary.json").read_text()), err.decode(errors="replace"), kids, p.returncode, p.pid
 
 
-def test_a_sigterm_to_the_whole_group_is_a_shutdown_not_actor_crashes(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_sigterm_to_the_whole_group_is_a_shutdown_not_actor_crashes(tmp_path, sig):
     """What `kill -TERM -- -<pgid>` and `scancel` do: every actor gets the SIGTERM too. The run stops at a safe
     point, books what the actors held as shutdown, restarts nothing. (A slow learner: the signal lands during an
-    update, and the actors' ends reach the receiver long before the learner reaches a safe point.)"""
-    s, err, kids, rc, pid = _sigterm_the_group(tmp_path, 4, "total_env_steps=50000000", "learner.epochs=40")
+    update, and the actors' ends reach the receiver long before the learner reaches a safe point.) SIGHUP — the
+    terminal or ssh session the run was started from closed — the same (its default would end the learner at
+    once, with no summary)."""
+    s, err, kids, rc, pid = _sigterm_the_group(tmp_path, 4, "total_env_steps=50000000", "learner.epochs=40", sig=sig)
     assert s["status"] == "interrupted", err[-3000:]
     t = s["transport"]
     assert balanced(t)

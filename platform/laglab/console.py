@@ -260,7 +260,7 @@ def footer(summary: Mapping[str, Any], run_dir: Any) -> str:
     if s.get("error"):
         row("error", s["error"])
     if status == "interrupted":
-        row("stopped", "interrupted (Ctrl-C or SIGTERM); everything up to the stop is written")
+        row("stopped", "interrupted (Ctrl-C, SIGTERM or SIGHUP); everything up to the stop is written")
     total = s.get("total_env_steps")
     row("progress", f"{_n(s.get('env_steps', 0))}{f' of {_n(total)}' if total else ''} env steps, "
                     f"{_n(s.get('updates', 0))} update{'' if s.get('updates') == 1 else 's'} in {_f(s.get('wall_time_s'))} s ({_n(s.get('sps', 0.0))} sps)")

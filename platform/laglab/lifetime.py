@@ -25,6 +25,9 @@ from multiprocessing.connection import wait as wait_conns
 from typing import Optional
 
 PR_SET_PDEATHSIG = 1
+# the signals that stop a run at its next safe point (summary "interrupted"): Ctrl-C, SIGTERM, and SIGHUP -- the
+# terminal or ssh session closed (its default action would end the learner with no summary)
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> bool:

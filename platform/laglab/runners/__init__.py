@@ -36,6 +36,8 @@ def warm_up(runner: Any) -> None:
     import signal
     from multiprocessing import forkserver
 
+    from ..lifetime import STOP_SIGNALS
+
     import laglab
 
     mp.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
@@ -53,7 +55,7 @@ def warm_up(runner: Any) -> None:
     os.environ.update(ACTOR_ENV, PYTHONPATH=root + (os.pathsep + path if path else ""))
     # Ctrl-C or SIGTERM at the whole group while the server starts must not print its traceback: it starts with
     # both blocked (the mask survives exec) and keeps them blocked (forkserver_life), as do the actors it forks
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # (and SIGHUP: a closed terminal)
     try:
         forkserver.ensure_running()
     finally:

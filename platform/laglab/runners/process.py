@@ -34,7 +34,7 @@ from ..config import Config
 from ..envs import EnvSpec
 from ..inference import SnapshotCodec
 from ..learner import Learner
-from ..lifetime import Bell, Lifeline
+from ..lifetime import STOP_SIGNALS, Bell, Lifeline
 from ..policy import Snapshot
 from ..shm import FragmentLayout, RunLife, SeqBlock, SharedCounter, SlotPool, StatusBlock, new_token, segment_name
 from ..tracking import Tracker
@@ -218,7 +218,7 @@ class _Runner:
         # ignore them (a KeyboardInterrupt traceback on the user's terminal): it starts with both blocked (the
         # mask survives fork and exec) and unblocks them once it handles them itself. Blocked, not ignored: a
         # signal for the learner in this window waits instead of being lost.
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # (SIGHUP too: a closed terminal)
         try:
             if spawn:
                 os.environ.update(ACTOR_ENV)  # one BLAS thread in the child: it must be there when numpy loads
