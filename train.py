@@ -52,9 +52,10 @@ def main(cfg) -> float:
     if stop_requested():  # Ctrl-C between two jobs of a sweep: start no other
         sys.exit(INTERRUPTED)
     # SIGTERM, Ctrl-C and SIGHUP (the terminal or ssh session closed) stop the run at its next safe point; it
-    # still writes its summary (status: interrupted)
+    # still writes its summary (status: interrupted). A SIGHUP ignored by whoever started us (nohup) stays ignored.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, request_stop)
+        if not (sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN):
+            signal.signal(sig, request_stop)
     group = hc.sweep.dir if sweep else None  # a sweep is one W&B group
     try:
         resolved = OmegaConf.to_container(cfg, resolve=True)

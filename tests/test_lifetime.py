@@ -252,6 +252,24 @@ def test_a_sigterm_to_the_whole_group_is_a_shutdown_not_actor_crashes(tmp_path, 
     assert rc == 130 and not _wait_gone(kids) and not leftover_segments(pid)
 
 
+def test_under_nohup_a_sighup_to_the_group_changes_nothing(tmp_path):
+    """`nohup python train.py ...`: SIGHUP ignored by whoever started the run stays ignored by the learner and its
+    actors, so closing the terminal neither stops the run nor its actors (nothing restarts)."""
+    p = _start(tmp_path, "total_env_steps=150000", start_new_session=True,
+               preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    try:
+        _wait_for_actors(p, tmp_path, 4)
+        os.killpg(p.pid, signal.SIGHUP)
+        _, err = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert p.returncode == 0 and s["status"] == "completed", err.decode(errors="replace")[-3000:]
+    assert s["actor_restarts"] == 0 and balanced(s["transport"])
+
+
 def test_process_runner_is_refused_where_stores_are_not_kept_in_order(monkeypatch):
     import platform
 

@@ -80,7 +80,8 @@ def main(cfg: Config, actor_id: int, inc: int, names: Names, shapes, spec, per_a
          bell_end, life_end, log_path: Optional[str] = None, environ: Optional[Dict[str, str]] = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the learner's to handle; it stops us
     signal.signal(signal.SIGTERM, lambda *_: _TERM.append(1))  # a group SIGTERM: stop as at shutdown
-    signal.signal(signal.SIGHUP, lambda *_: _TERM.append(1))  # the terminal closed: the same
+    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:  # (ignored under nohup: the learner ignores it too)
+        signal.signal(signal.SIGHUP, lambda *_: _TERM.append(1))  # the terminal closed: as a SIGTERM
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # (blocked since our start)
     die_with_parent()  # SIGKILL from the kernel when our parent exits, wherever we are
     forget_fork_server()  # (under forkserver: the server must be free to exit with the learner)

@@ -44,11 +44,11 @@ _signals = 0
 
 
 def request_stop(signum=None, frame=None) -> None:
-    """Signal handler for SIGTERM, SIGINT and SIGHUP (installed by train.py); never raises. A stop request ends the run
-    at its nearest safe point -- between two deliveries, before an update starts (never inside an update, a
-    publication or the books), a learner stall cut short -- with status "interrupted". A second signal is as
-    safe as the first (it used to raise wherever the main thread was). A third exits the process at once
-    (exit code 130), writing nothing more."""
+    """Signal handler for SIGTERM, SIGINT and SIGHUP (installed by train.py; SIGHUP unless nohup ignores it);
+    never raises. A stop request ends the run at its nearest safe point -- between two deliveries, before an
+    update starts (never inside an update, a publication or the books), a learner stall cut short -- with status
+    "interrupted". A second signal is as safe as the first (it used to raise wherever the main thread was). A
+    third exits the process at once (exit code 130), writing nothing more."""
     global _signals
     _signals += 1
     if _signals >= 3:
