@@ -3,6 +3,7 @@ a footer naming the run dir on every exit path; the bar kept out of W&B's output
 to the run's log file (MuJoCo's compiler warnings, also from actor processes and evaluate.py; Ray's start-up
 warnings, with a "starting Ray" line in their place), and the footer built from a summary dict."""
 import json
+import os
 import re
 import signal
 import subprocess
@@ -131,6 +132,43 @@ def test_an_interrupted_run_ends_with_its_footer_too(tmp_path):
     shown = "\n".join(screen_lines(text))  # (what follows the footer on this path is not the console's business)
     assert "laglab: interrupted" in shown and re.search(rf"run dir +{re.escape(str(out))}$", shown, re.M), shown
     assert json.loads((out / "summary.json").read_text())["status"] == "interrupted"
+
+
+class _Gone:
+    """A stream on a terminal that has closed: every write (or flush) fails as the kernel fails it."""
+
+    def __init__(self, err=5):  # EIO
+        self.err, self.written = err, []
+
+    def write(self, s):
+        raise OSError(self.err, os.strerror(self.err))
+
+    def flush(self):
+        raise OSError(self.err, os.strerror(self.err))
+
+    def close(self):
+        raise OSError(self.err, os.strerror(self.err))
+
+
+def test_the_bar_outlives_its_terminal(monkeypatch):
+    """After a hang-up the bar draws no more, and lines written above it are dropped, not raised into the run
+    (which then could not write its summary); another error of the stream (a full disk) still raises."""
+    import io
+
+    from laglab.console import LiveBar
+    bar = LiveBar(100)
+    bar.term.close()
+    bar.term = bar.console.file = _Gone()  # (rich renders through it too)
+    out = io.StringIO()
+    bar.update(10, "sps 1")  # the first draw finds the terminal gone
+    assert bar.gone
+    bar.write_above(out, "a line\n")
+    assert out.getvalue() == "a line\n"  # a stream that works still gets its lines
+    bar.write_above(_Gone(), "to the closed terminal\n")
+    with pytest.raises(OSError, match="No space"):
+        bar.write_above(_Gone(28), "to a full disk\n")  # ENOSPC
+    bar.update(20, "sps 2")
+    bar.close()  # draws its last state and closes its handle: nothing raises
 
 
 # ---- the footer on summary dicts -------------------------------------------------------------------------

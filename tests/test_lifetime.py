@@ -1,6 +1,7 @@
 """Lifetimes: nothing a run starts or names outlives it, however it dies — the learner SIGKILLed while nobody
 reaps it, the whole process group SIGKILLed (what `timeout -s KILL`, the OOM killer's cgroup kill and
-`scancel` do), hundreds of actor restarts, a SIGTERM to the whole group, a learner crash followed by resume."""
+`scancel` do), hundreds of actor restarts, a SIGTERM or SIGHUP to the whole group, the terminal closing under a
+running run, a learner crash followed by resume."""
 import json
 import os
 import signal
@@ -225,7 +226,8 @@ def _reserve_and_hold(name, conn):
 def _sigterm_the_group(tmp_path, actors, *args, sig=signal.SIGTERM):
     """Start a run in its own process group, send ``sig`` to the group once ``actors`` actors run; (summary,
     stderr, the processes below the learner at the signal, exit code, the learner's pid)."""
-    p = _start(tmp_path, *args, start_new_session=True)
+    # SIGHUP as a terminal's session leader has it, also when these tests run under nohup (which the run obeys)
+    p = _start(tmp_path, *args, start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     try:
         kids = _wait_for_actors(p, tmp_path, actors)
         os.killpg(p.pid, sig)
@@ -250,6 +252,25 @@ def test_a_sigterm_to_the_whole_group_is_a_shutdown_not_actor_crashes(tmp_path, 
     assert balanced(t)
     assert "actor_crash" not in t["dropped"] and s["actor_restarts"] == 0, (t["dropped"], s["actor_restarts"])
     assert rc == 130 and not _wait_gone(kids) and not leftover_segments(pid)
+
+
+@pytest.mark.parametrize("wandb", ["disabled", "offline"])
+def test_a_closed_terminal_stops_the_run_with_its_summary(tmp_path, wandb):
+    """The window closes or the ssh session drops while the run draws its bar: the kernel hangs up the terminal
+    (SIGHUP to the run's session, every write to it an I/O error from then on). The run stops as for Ctrl-C:
+    summary.json (interrupted), balanced books, the final checkpoint, no actor or segment left. (Before, the
+    learner died of SIGHUP with no summary; with SIGHUP handled, the bar's next draw raised EIO, and so did
+    closing it, before summary.json was written.)"""
+    from terminal import run_in_terminal
+    rc, text = run_in_terminal(["train.py", "runner=process", "actors=2", "total_env_steps=50000000",
+                                f"tracking.wandb.mode={wandb}", "tracking.console_every_s=0.2",
+                                f"hydra.run.dir={tmp_path}"], controlling=True, timeout=120,
+                               hang_up_when=lambda screen: screen.count(" sps ") >= 3)
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["status"] == "interrupted" and balanced(s["transport"]), text[-3000:]
+    assert s["actor_restarts"] == 0 and (tmp_path / "checkpoints" / "final.pt").exists()
+    assert "laglab: completed" not in (tmp_path / "train.log").read_text()  # (the footer says interrupted)
+    assert rc == 130
 
 
 def test_under_nohup_a_sighup_to_the_group_changes_nothing(tmp_path):

@@ -16,6 +16,7 @@ Light at import (actor processes import it through ``envs``): rich is imported w
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import math
 import os
@@ -24,7 +25,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, TextIO
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, TextIO
 
 LOG_FILE_ENV = "LAGLAB_LOG_FILE"
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # Hydra's, so the run's log reads as one
@@ -50,6 +51,7 @@ class LiveBar:
         self.lock = threading.RLock()
         self.min_interval = 1.0 / max_fps
         self.live = False
+        self.gone = False  # the terminal went away (see _to_term)
         self._last_draw = -math.inf
         self._saved: List[tuple] = []
 
@@ -60,21 +62,35 @@ class LiveBar:
         return cap.get().rstrip("\n")
 
     def _draw(self) -> None:
-        self.term.write(ERASE_LINE + self._line())
-        self.term.flush()
+        self._to_term(lambda: ERASE_LINE + self._line())  # (rendering writes to the terminal too)
         self._last_draw = time.perf_counter()
 
     def _erase(self) -> None:
-        self.term.write(ERASE_LINE)
-        self.term.flush()
+        self._to_term(lambda: ERASE_LINE)
+
+    def _to_term(self, text: Callable[[], str]) -> None:
+        """Write to the terminal; once it has gone (closed: EIO after a hang-up) the bar draws no more and the
+        run goes on -- its summary, books and checkpoint must not depend on a screen nobody looks at."""
+        if self.gone:
+            return
+        try:
+            self.term.write(text())
+            self.term.flush()
+        except OSError:
+            self.gone = True
 
     def write_above(self, stream: TextIO, text: str) -> None:
         """Write complete lines to ``stream`` with the bar erased first and redrawn after."""
         with self.lock:
             if self.live:
                 self._erase()
-            stream.write(text)
-            stream.flush()
+            try:
+                stream.write(text)
+                stream.flush()
+            except OSError as e:  # the terminal closed: the line is lost to it (the log file has log lines)
+                if e.errno != errno.EIO:
+                    raise
+                self.gone = True
             if self.live:
                 self._draw()
 
@@ -103,8 +119,7 @@ class LiveBar:
         with self.lock:
             if self.live:
                 self._draw()
-                self.term.write("\n")
-                self.term.flush()
+                self._to_term(lambda: "\n")
                 self.live = False
                 for owner, attr, original in reversed(self._saved):
                     current = getattr(owner, attr) if attr else owner.stream
@@ -115,7 +130,10 @@ class LiveBar:
                     else:
                         owner.setStream(original)
                 self._saved = []
-            self.term.close()
+            try:
+                self.term.close()
+            except OSError:  # (what a gone terminal still had buffered)
+                pass
 
 
 def _stream_handlers() -> List[logging.StreamHandler]:
