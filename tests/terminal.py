@@ -22,7 +22,7 @@ def run_in_terminal(argv, on_output=None, controlling=False, timeout=300, hang_u
     """Run ``python argv...`` from the repo root with stdin, stdout and stderr on a pseudo-terminal (its
     controlling terminal with ``controlling``, so ^C is a SIGINT to its foreground group, actor processes
     included). ``on_output(screen, proc, type_keys)`` is called with the screen so far after each read
-    (``type_keys(b"...")`` types into the terminal). ``hang_up_when(screen)``: once it is true, the terminal
+    (``type_keys(b"...")`` types into the terminal). ``hang_up_when(screen, proc)``: once it is true, the terminal
     closes (as a closed window or a dropped ssh session: the kernel hangs up the program's session). Returns
     (exit code, everything the terminal received)."""
     master, slave = pty.openpty()
@@ -33,7 +33,7 @@ def run_in_terminal(argv, on_output=None, controlling=False, timeout=300, hang_u
     screen = b""
     try:
         while True:
-            if hang_up_when and hang_up_when(screen.decode("utf-8", "replace")):
+            if hang_up_when and hang_up_when(screen.decode("utf-8", "replace"), p):
                 os.close(master)
                 master = None
                 return p.wait(timeout), screen.decode("utf-8", "replace")

@@ -147,6 +147,25 @@ def test_a_third_signal_exits_at_once_and_says_so(monkeypatch, capfd):
     assert exits == [130] and "third stop signal" in capfd.readouterr().err
 
 
+def test_sighup_counts_once_and_a_third_signal_on_a_closed_terminal_still_exits(monkeypatch):
+    """One closed terminal can deliver SIGHUP twice: it is one stop request, so a later SIGTERM is a second, not
+    the third that exits at once. A third signal whose message cannot be written (stderr on the closed terminal)
+    still exits."""
+    exits = []
+
+    def closed_terminal(fd, data):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(supervisor.os, "_exit", exits.append)
+    monkeypatch.setattr(supervisor.os, "write", closed_terminal)
+    for _ in range(3):
+        supervisor.request_stop(signal.SIGHUP)
+    supervisor.request_stop(signal.SIGTERM)
+    assert supervisor.stop_requested() == 2 and exits == []
+    supervisor.request_stop(signal.SIGTERM)
+    assert exits == [130]
+
+
 def test_a_stop_cuts_a_learner_stall_short():
     # a chaos stall (the driver waits with this) of an hour must not outlast a stop: it returns at once
     supervisor.request_stop(signal.SIGTERM)

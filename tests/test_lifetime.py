@@ -239,15 +239,18 @@ def _sigterm_the_group(tmp_path, actors, *args, sig=signal.SIGTERM):
     return json.loads((tmp_path / "summary.json").read_text()), err.decode(errors="replace"), kids, p.returncode, p.pid
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
-def test_a_sigterm_to_the_whole_group_is_a_shutdown_not_actor_crashes(tmp_path, sig):
+@pytest.mark.parametrize("sig,start_method", [(signal.SIGTERM, "forkserver"), (signal.SIGHUP, "forkserver"),
+                                              (signal.SIGHUP, "spawn")], ids=["SIGTERM", "SIGHUP", "SIGHUP-spawn"])
+def test_a_sigterm_to_the_whole_group_is_a_shutdown_not_actor_crashes(tmp_path, sig, start_method):
     """What `kill -TERM -- -<pgid>` and `scancel` do: every actor gets the SIGTERM too. The run stops at a safe
     point, books what the actors held as shutdown, restarts nothing. (A slow learner: the signal lands during an
     update, and the actors' ends reach the receiver long before the learner reaches a safe point.) SIGHUP — the
     terminal or ssh session the run was started from closed — the same (its default would end the learner at
     once, with no summary)."""
-    s, err, kids, rc, pid = _sigterm_the_group(tmp_path, 4, "total_env_steps=50000000", "learner.epochs=40", sig=sig)
+    s, err, kids, rc, pid = _sigterm_the_group(tmp_path, 4, "total_env_steps=50000000", "learner.epochs=40",
+                                               f"runner.start_method={start_method}", sig=sig)
     assert s["status"] == "interrupted", err[-3000:]
+    assert "Traceback" not in err and "resource_tracker" not in err, err[-3000:]  # (it is in the group too)
     t = s["transport"]
     assert balanced(t)
     assert "actor_crash" not in t["dropped"] and s["actor_restarts"] == 0, (t["dropped"], s["actor_restarts"])
@@ -262,12 +265,20 @@ def test_a_closed_terminal_stops_the_run_with_its_summary(tmp_path, wandb):
     learner died of SIGHUP with no summary; with SIGHUP handled, the bar's next draw raised EIO, and so did
     closing it, before summary.json was written.)"""
     from terminal import run_in_terminal
+    seen = {}
+
+    def training_with_its_actors(screen, p):  # the processes below the learner, as the terminal closes
+        seen.update(pid=p.pid, kids=_descendants(p.pid))
+        up = wandb == "disabled" or "upload this run later" in screen  # (W&B wraps stdout once it is up)
+        return up and screen.count(" sps ") >= 3 and len(seen["kids"]) >= 3  # (the fork server and two actors)
+
     rc, text = run_in_terminal(["train.py", "runner=process", "actors=2", "total_env_steps=50000000",
                                 f"tracking.wandb.mode={wandb}", "tracking.console_every_s=0.2",
                                 f"hydra.run.dir={tmp_path}"], controlling=True, timeout=120,
-                               hang_up_when=lambda screen: screen.count(" sps ") >= 3)
+                               hang_up_when=training_with_its_actors)
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["status"] == "interrupted" and balanced(s["transport"]), text[-3000:]
+    assert not _wait_gone(seen["kids"]) and not leftover_segments(seen["pid"])
     assert s["actor_restarts"] == 0 and (tmp_path / "checkpoints" / "final.pt").exists()
     assert "laglab: completed" not in (tmp_path / "train.log").read_text()  # (the footer says interrupted)
     assert rc == 130

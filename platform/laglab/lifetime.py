@@ -30,6 +30,21 @@ PR_SET_PDEATHSIG = 1
 STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 
 
+def start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (it unlinks a killed run's segments) with SIGHUP blocked for good:
+    it runs in the run's process group and ignores SIGINT and SIGTERM itself, but a closed terminal's SIGHUP would
+    end it (a warning and KeyError tracebacks on stderr, and nothing left to clean up after a killed learner).
+    Python's own start unblocks SIGINT and SIGTERM in the caller afterwards: the caller's mask is restored. A no-op
+    once it runs."""
+    from multiprocessing import resource_tracker
+
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
 def die_with_parent(sig: int = signal.SIGKILL) -> bool:
     """Ask the kernel to send ``sig`` to this process when its parent exits (Linux); False where unsupported."""
     try:

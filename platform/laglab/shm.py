@@ -24,6 +24,7 @@ import numpy as np
 
 from .envs import EnvSpec
 from .fragment import Fragment, FragmentId
+from .lifetime import start_resource_tracker
 
 PREFIX = "laglab-"
 
@@ -80,6 +81,7 @@ class RunLife:
     can ever find a live run's file unlocked. Create it before the run's other segments."""
 
     def __init__(self, name: str):
+        start_resource_tracker()  # (before the first segment: the tracker starts with SIGHUP blocked)
         self.name = name
         self.path = os.path.join(SHM_DIR, name)
         tmp = os.path.join(SHM_DIR, f".{name}.tmp")

@@ -36,7 +36,7 @@ def warm_up(runner: Any) -> None:
     import signal
     from multiprocessing import forkserver
 
-    from ..lifetime import STOP_SIGNALS
+    from ..lifetime import STOP_SIGNALS, start_resource_tracker
 
     import laglab
 
@@ -54,7 +54,9 @@ def warm_up(runner: Any) -> None:
     saved = {v: os.environ.get(v) for v in ("PYTHONPATH", *ACTOR_ENV)}
     os.environ.update(ACTOR_ENV, PYTHONPATH=root + (os.pathsep + path if path else ""))
     # Ctrl-C or SIGTERM at the whole group while the server starts must not print its traceback: it starts with
-    # both blocked (the mask survives exec) and keeps them blocked (forkserver_life), as do the actors it forks
+    # both blocked (the mask survives exec) and keeps them blocked (forkserver_life), as do the actors it forks.
+    # The resource tracker starts first (the server connects to it): its start would unblock them in this window
+    start_resource_tracker()
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # (and SIGHUP: a closed terminal)
     try:
         forkserver.ensure_running()

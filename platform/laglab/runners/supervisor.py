@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import os
+import signal
 import time
 from typing import Callable, Deque, Dict
 
@@ -41,6 +42,7 @@ class RestartIntensity:
 # between taking a fragment from the queue and staging it, or between the two bookings of a batch -- and
 # breaks the books; so the run acts on the count at its own points (check_stop), where the books are whole.
 _signals = 0
+_hung_up = False  # a SIGHUP has been counted
 
 
 def request_stop(signum=None, frame=None) -> None:
@@ -48,12 +50,21 @@ def request_stop(signum=None, frame=None) -> None:
     never raises. A stop request ends the run at its nearest safe point -- between two deliveries, before an
     update starts (never inside an update, a publication or the books), a learner stall cut short -- with status
     "interrupted". A second signal is as safe as the first (it used to raise wherever the main thread was). A
-    third exits the process at once (exit code 130), writing nothing more."""
-    global _signals
+    third exits the process at once (exit code 130), writing nothing more. SIGHUP counts once: one closed
+    terminal can deliver it twice (the shell forwards it, the kernel sends another as the shell exits), and that
+    must not make the next signal a third."""
+    global _signals, _hung_up
+    if signum == signal.SIGHUP:
+        if _hung_up:
+            return
+        _hung_up = True
     _signals += 1
     if _signals >= 3:
-        os.write(2, b"\nlaglab: third stop signal: exiting now, without writing anything more "
-                    b"(the run dir keeps what was already written)\n")
+        try:
+            os.write(2, b"\nlaglab: third stop signal: exiting now, without writing anything more "
+                        b"(the run dir keeps what was already written)\n")
+        except OSError:  # (stderr on a terminal that has closed)
+            pass
         os._exit(130)
 
 
@@ -80,5 +91,6 @@ def wait_unless_stopped(seconds: float, poll_s: float = 0.05) -> None:
 
 def reset_stop() -> None:
     """Forget past stop requests (for a caller that runs again in the same process after an interruption)."""
-    global _signals
+    global _signals, _hung_up
     _signals = 0
+    _hung_up = False
