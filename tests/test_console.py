@@ -73,7 +73,6 @@ def test_the_bar_is_not_in_wandbs_output_log(tmp_path):
     # and two progress lines have been logged beside the bar since, so output.log has seen the bar drawn.
     out = tmp_path / "run"
     sent = []
-
     deadline = time.monotonic() + 120  # (a W&B that never comes up fails the test, it does not hang it)
 
     def stop_once_wandb_has_seen_the_bar(screen, p):
@@ -142,7 +141,7 @@ class _Gone:
     """A stream on a terminal that has closed: every write (or flush) fails as the kernel fails it."""
 
     def __init__(self, err=5):  # EIO
-        self.err, self.written = err, []
+        self.err = err
 
     def write(self, s):
         raise OSError(self.err, os.strerror(self.err))

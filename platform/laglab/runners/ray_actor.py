@@ -161,9 +161,7 @@ class RolloutWorker:
                     "stats": asdict(self.actor.stats), "chaos": self.chaos_counts(), "killed": False}
         self.in_hand += ro.steps
         ch = self.ch
-        if self.hang_next:  # no answer: the learner's supervisor kills this actor after runner.heartbeat_timeout_s
-            while True:
-                time.sleep(3600)
+        self._hang_if_scripted()
         if ch.hang_at is not None and self.produced >= ch.hang_at:
             ch.counts.hangs += 1  # reported with this rollout; the next call never answers
             ch.hang_at = None
@@ -193,13 +191,17 @@ class RolloutWorker:
             "stats": asdict(self.actor.stats), "chaos": self.chaos_counts(), "killed": killed,
         }
 
+    def _hang_if_scripted(self) -> None:
+        """After the rollout that reported its scripted hang, this actor answers no call: the learner's supervisor
+        kills it after runner.heartbeat_timeout_s."""
+        while self.hang_next:
+            time.sleep(3600)
+
     def flush(self) -> Dict[str, Any]:
         """Release what the link holds back (the run is ending): the fragments, as ``rollout`` reports them."""
         if self.killed:
             raise RuntimeError(f"actor {self.actor_id} (incarnation {self.inc}) was killed")
-        if self.hang_next:  # a hung actor answers no call (the budget ran out as it reported its scripted hang)
-            while True:
-                time.sleep(3600)
+        self._hang_if_scripted()  # (also when the budget ran out as it reported its scripted hang)
         self.ch.flush()
         out, self.ch.outbox = self.ch.outbox, []
         return {"inc": self.inc, "produced": self.produced, "in_hand": self.in_hand, "steps": 0,
