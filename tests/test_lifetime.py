@@ -41,9 +41,10 @@ def _wait_gone(pids, within_s=10.0):
     return _alive(pids)
 
 
-def _start(tmp_path, *args, **popen):
+def _start(tmp_path, *args, runner="process", actors=4, **popen):
     """train.py as a benchmark or a notebook starts it: output captured through pipes."""
-    return subprocess.Popen([sys.executable, "train.py", "runner=process", "actors=4", "tracking.wandb.mode=disabled",
+    return subprocess.Popen([sys.executable, "train.py", f"runner={runner}", f"actors={actors}",
+                             "tracking.wandb.mode=disabled",
                              "tracking.flush_every_s=0", f"hydra.run.dir={tmp_path}", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
 
@@ -282,6 +283,42 @@ def test_a_closed_terminal_stops_the_run_with_its_summary(tmp_path, wandb):
     assert s["actor_restarts"] == 0 and (tmp_path / "checkpoints" / "final.pt").exists()
     assert "laglab: completed" not in (tmp_path / "train.log").read_text()  # (the footer says interrupted)
     assert rc == 130
+
+
+@pytest.mark.parametrize("to", ["group SIGTERM", "group SIGHUP", "learner SIGTERM"])
+def test_a_signal_stops_a_ray_run_with_a_local_instance_at_a_safe_point(tmp_path, to):
+    """runner=ray starting its own Ray instance: a SIGTERM or SIGHUP to the run's process group (a closed
+    terminal, `kill -TERM -- -<pgid>`) stops it as it stops the other runners. Before, Ray's GCS and raylet were
+    in the group and ended at once under the run, and even a SIGTERM to the learner alone met the handlers
+    ray.init installs (SystemExit at any instant, then an abort with a C++ stack dump): status failed or no
+    summary at all. Afterwards no process the run started is left (Ray's included)."""
+    pytest.importorskip("ray")
+    sig = signal.SIGHUP if "SIGHUP" in to else signal.SIGTERM
+    p = _start(tmp_path, "total_env_steps=50000000", runner="ray", actors=2, start_new_session=True,
+               preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 180
+        while True:  # until the run has written metrics and both Ray actors run
+            assert p.poll() is None, p.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the run did not start"
+            kids = _descendants(p.pid)
+            workers = [k for k in kids if b"RolloutWorker" in _cmdline(k)]
+            if (tmp_path / "metrics.parquet").exists() and len(workers) >= 2:
+                break
+            time.sleep(0.1)
+        kids = _descendants(p.pid)  # the GCS, the raylet, its agents and workers
+        (os.killpg if to.startswith("group") else os.kill)(p.pid, sig)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+    err = err.decode(errors="replace")
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["status"] == "interrupted", (s.get("error"), err[-3000:])
+    assert "Traceback" not in err and "SIGTERM received" not in err, err[-3000:]
+    assert balanced(s["transport"]) and s["actor_restarts"] == 0
+    assert p.returncode == 130 and not _wait_gone(kids, 30)
 
 
 def test_under_nohup_a_sighup_to_the_group_changes_nothing(tmp_path):

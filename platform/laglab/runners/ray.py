@@ -21,12 +21,14 @@ only arrays and integers, and admission still validates every field of every fra
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import signal
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ..accounting import Budget, Ledger
 from ..actor import ActorStats, Episode, steps_per_rollout, throttle_state
@@ -39,6 +41,7 @@ from ..envs import EnvSpec
 from ..fragment import FragmentId
 from ..inference import SnapshotCodec
 from ..learner import Learner
+from ..lifetime import STOP_SIGNALS
 from ..policy import Snapshot
 from ..tracking import Tracker
 from ..transport import FragmentQueue
@@ -120,9 +123,11 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
         from ..console import to_log_file
 
         log.info("laglab: starting Ray (%d actors)...", cfg.actors)
-        with to_log_file("ray"):  # Ray's start-up warnings (token auth, ...) go to the run's log file
+        handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+        with to_log_file("ray"), _own_session(cfg.runner.address is None):  # (warnings: to the run's log file)
             ray.init(address=cfg.runner.address or "local", include_dashboard=False, log_to_driver=False,
                      logging_level="warning", **kw)
+        _restore(handlers)
     elif cfg.runner.address is not None:
         log.warning("laglab: Ray is already initialized in this process; runner.address=%s is not used",
                     cfg.runner.address)
@@ -131,6 +136,43 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
     finally:
         if own:
             ray.shutdown()
+
+
+@contextlib.contextmanager
+def _own_session(local: bool) -> Iterator[None]:
+    """While ``ray.init`` starts a local Ray instance, start its processes (GCS, raylet, and through the raylet
+    the agents and workers) in a session of their own: a SIGTERM or SIGHUP to the run's process group (``kill
+    -TERM -- -<pgid>``, a closed terminal, a batch scheduler) then stops the run at a safe point, as it does with
+    the other runners, instead of ending the Ray instance under it. They stay tied to the learner's life: Ray
+    asks the kernel to kill them when the learner exits (its fate sharing), however it exits. Ray itself blocks
+    only SIGINT in them. (A no-op for a cluster's address, or if Ray no longer starts them through this class.)"""
+    from ray._private import services
+
+    popen = getattr(services, "ConsolePopen", None)
+    if not local or popen is None:
+        yield
+        return
+
+    class _InItsOwnSession(popen):
+        def __init__(self, *args, **kwargs):
+            kwargs["start_new_session"] = True
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = _InItsOwnSession
+    try:
+        yield
+    finally:
+        services.ConsolePopen = popen
+
+
+def _restore(handlers: Dict[int, Any]) -> None:
+    """Put back the run's stop handlers, which ``ray.init`` replaces in the driver: its Python SIGTERM handler
+    exits at once (``SystemExit: 15``, no safe point) and its core worker's crash handler then aborts."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig, h in handlers.items():
+        if h is not None and signal.getsignal(sig) is not h:
+            signal.signal(sig, h)
 
 
 class _Runner:
