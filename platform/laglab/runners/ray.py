@@ -124,9 +124,19 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
 
         log.info("laglab: starting Ray (%d actors)...", cfg.actors)
         handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
-        with to_log_file("ray"), _own_session(cfg.runner.address is None):  # (warnings: to the run's log file)
-            ray.init(address=cfg.runner.address or "local", include_dashboard=False, log_to_driver=False,
-                     logging_level="warning", **kw)
+        try:
+            with to_log_file("ray"), _own_session(cfg.runner.address is None), _no_crash_handler():
+                ray.init(address=cfg.runner.address or "local", include_dashboard=False, log_to_driver=False,
+                         logging_level="warning", **kw)  # (its warnings: to the run's log file)
+        except SystemExit as e:  # ray.init's own SIGTERM handler (sys.exit) ran while Ray started
+            _restore(handlers)
+            ray.shutdown()
+            _restore(handlers)
+            term = handlers.get(signal.SIGTERM)
+            if e.code != signal.SIGTERM or not callable(term):
+                raise
+            term(signal.SIGTERM, None)  # the run's handler gets the signal Ray took: a stop request, counted
+            raise KeyboardInterrupt("stopped while Ray was starting") from None
         _restore(handlers)
     elif cfg.runner.address is not None:
         log.warning("laglab: Ray is already initialized in this process; runner.address=%s is not used",
@@ -136,20 +146,46 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
     finally:
         if own:
             ray.shutdown()
+            _restore(handlers)  # (shutting Ray down sets SIGTERM's action to the default behind Python's back)
+
+
+@contextlib.contextmanager
+def _no_crash_handler() -> Iterator[None]:
+    """While ``ray.init`` runs, the driver's core worker installs no crash handler of its own (Ray's
+    RAY_DISABLE_FAILURE_SIGNAL_HANDLER, for this process only: the environment variable is read once, at ``import
+    ray``). Its handler takes SIGTERM too (an abort with a stack dump), and shutting the worker down leaves SIGTERM
+    at its default action, behind Python's back."""
+    from ray._private import ray_constants
+
+    old = getattr(ray_constants, "RAY_DISABLE_FAILURE_SIGNAL_HANDLER", False)
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+    try:
+        yield
+    finally:
+        ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = old
 
 
 @contextlib.contextmanager
 def _own_session(local: bool) -> Iterator[None]:
-    """While ``ray.init`` starts a local Ray instance, start its processes (GCS, raylet, and through the raylet
-    the agents and workers) in a session of their own: a SIGTERM or SIGHUP to the run's process group (``kill
-    -TERM -- -<pgid>``, a closed terminal, a batch scheduler) then stops the run at a safe point, as it does with
-    the other runners, instead of ending the Ray instance under it. They stay tied to the learner's life: Ray
-    asks the kernel to kill them when the learner exits (its fate sharing), however it exits. Ray itself blocks
-    only SIGINT in them. (A no-op for a cluster's address, or if Ray no longer starts them through this class.)"""
-    from ray._private import services
+    """While ``ray.init`` starts a local Ray instance, start the processes it starts (GCS, raylet, log monitor,
+    ...; the raylet's agents and workers share the raylet's) each in a session of its own: a SIGTERM or SIGHUP to
+    the run's process group (``kill -TERM -- -<pgid>``, a closed terminal) then stops the run at a safe point, as
+    it does with the other runners, instead of ending the Ray instance under it. They stay tied to the learner's
+    life where the kernel does it: on Linux Ray asks for SIGKILL when their parent, the learner, exits.
+    Elsewhere Ray ties them by a reaper that kills its own process group, so they stay in the run's (with a
+    warning). Ray itself blocks only SIGINT in them. (A no-op for a cluster's address.)"""
+    import sys
 
+    from ray._private import services, utils
+
+    if not local:
+        yield
+        return
     popen = getattr(services, "ConsolePopen", None)
-    if not local or popen is None:
+    fate = getattr(utils, "detect_fate_sharing_support", lambda: False)
+    if popen is None or not sys.platform.startswith("linux") or not fate():
+        log.warning("laglab: Ray's processes start in the run's process group: a SIGTERM or SIGHUP to the group "
+                    "(a closed terminal) ends them under the run")
         yield
         return
 
@@ -166,12 +202,13 @@ def _own_session(local: bool) -> Iterator[None]:
 
 
 def _restore(handlers: Dict[int, Any]) -> None:
-    """Put back the run's stop handlers, which ``ray.init`` replaces in the driver: its Python SIGTERM handler
-    exits at once (``SystemExit: 15``, no safe point) and its core worker's crash handler then aborts."""
+    """Put back the run's stop handlers: ``ray.init`` replaces SIGTERM's in the driver with one that exits at once
+    (``SystemExit: 15``, no safe point), and shutting Ray down leaves SIGTERM at its default action while Python's
+    table still names the handler (so every one is set again, whatever ``signal.getsignal`` says)."""
     if threading.current_thread() is not threading.main_thread():
         return
     for sig, h in handlers.items():
-        if h is not None and signal.getsignal(sig) is not h:
+        if h is not None:
             signal.signal(sig, h)
 
 
