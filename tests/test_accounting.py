@@ -105,6 +105,32 @@ def test_the_watermark_is_exclusive():
     assert led.classify(_frag(inc, 0, 8, T=1)) == UNATTRIBUTED
 
 
+def test_a_skipped_range_counts_as_arrived_and_a_claim_on_it_is_a_duplicate():
+    """Ledger.skip: a rollout discarded part-way (actor.refresh_lag) will never be sent; the watermark passes it,
+    it counts as arrived (neither lost in transit nor claimable by a later arrival) and never moves back."""
+    led, inc = _ledger()  # rollout_len 4
+    led.sent(inc, 0, 3, 4)  # t 0..3 sent
+    led.skip(inc, 0, 7)  # t 4..7 discarded
+    s = led.streams[(inc, 0)]
+    assert (s.sent, s.arrived, s.seen) == (8, 4, {4})
+    assert led.classify(_frag(inc, 0, 4)) == DUPLICATE  # whatever claims the skipped range is not a first copy
+    assert led.classify(_frag(inc, 0, 8)) == UNATTRIBUTED  # past the new watermark
+    led.arrive(_frag(inc, 0, 0), FIRST)
+    assert led.gaps() == {} and led.lost(0) == 0  # nothing sent is missing
+    led.skip(inc, 0, 7)  # at the watermark, or behind it: nothing moves
+    led.skip(inc, 0, 2)
+    assert (s.sent, s.arrived, s.seen) == (8, 8, {0, 4})
+    led.skip(inc, 1, 3)  # a stream that has sent nothing yet
+    t = led.streams[(inc, 1)]
+    assert (t.sent, t.arrived, t.seen) == (4, 4, {0})
+    one = Ledger(rollout_len=1, envs_per_actor=1)  # one-step rollouts: a skip one step past the watermark
+    i = one.new_incarnation(0)
+    one.sent(i, 0, 7, 8)
+    one.skip(i, 0, 8)
+    u = one.streams[(i, 0)]
+    assert (u.sent, u.arrived, u.seen) == (9, 1, {8})
+
+
 def test_loss_is_what_was_sent_and_neither_arrived_nor_is_in_a_link():
     led, inc = _ledger()
     led.sent(inc, 0, 11, 12)  # t 0..11: three fragments sent on env 0

@@ -152,3 +152,71 @@ def test_an_array_that_is_missing_or_of_another_length_than_the_interval_is_refu
 
 def test_a_record_too_broken_to_inspect_is_refused_as_malformed():
     assert check(dataclasses.replace(frag(), id=None)) == "malformed"
+
+
+MASKED = EnvSpec((3,), True, 3, masked=True)
+
+
+def masked(actions=(1, 1, 1, 1), masks=None):
+    f = frag(MASKED)
+    masks = np.ones((T, 3), bool) if masks is None else masks
+    return dataclasses.replace(f, actions=np.array(actions, np.int64), masks=masks)
+
+
+def test_mask_rules_at_their_edges():
+    ok = lambda g: check(g, MASKED)  # noqa: E731
+    assert ok(masked()) is None
+    only_taken = np.zeros((T, 3), bool)
+    only_taken[np.arange(T), [0, 2, 1, 2]] = True
+    assert ok(masked((0, 2, 1, 2), only_taken)) is None  # the first and the last action, each the only legal one
+    forbidden = only_taken.copy()
+    forbidden[3] = [True, True, False]  # step 3 has legal actions, just not the one taken
+    assert ok(masked((0, 2, 1, 2), forbidden)) == "mask"
+    none_legal = only_taken.copy()
+    none_legal[1] = False
+    assert ok(masked((0, 2, 1, 2), none_legal)) == "mask"
+    assert ok(masked((0, 3, 1, 2))) == "action"  # n_actions = 3: checked before the mask is indexed with it
+    assert ok(masked((0, -1, 1, 2))) == "action"
+    assert ok(dataclasses.replace(masked(), masks=None)) == "shape"  # a masked env's fragment without masks
+    assert ok(masked(masks=np.ones((T, 3), np.uint8))) == "shape"
+    assert ok(masked(masks=np.ones((T, 2), bool))) == "shape"
+    assert ok(masked(masks=np.ones((T - 1, 3), bool))) == "shape"
+    assert ok(masked(masks=np.ones(T * 3, bool))) == "shape"
+    assert check(dataclasses.replace(frag(), masks=np.ones((T, 2), bool))) == "shape"  # masks on an unmasked env
+
+
+STATE = (4,)  # a recurrent policy's state shape
+
+
+def rec(episode_t0=0, state=None, final_state=None, **arrays):
+    f = frag(episode_t0=episode_t0)
+    return dataclasses.replace(f, state=np.zeros(STATE, np.float32) if state is None else state,
+                               final_state=np.zeros(STATE, np.float32) if final_state is None else final_state,
+                               **arrays)
+
+
+def check_rec(f):
+    return validate(f, DISCRETE, 2, 4, learner_version=2, state_shape=STATE)
+
+
+def test_state_rules_at_their_edges():
+    some = np.array([0.5, -1, 0, 2], np.float32)
+    done_last = np.array([False, False, False, True])
+    done_early = np.array([False, True, False, False])
+    assert check_rec(rec()) is None  # an episode's start, from the zero state
+    assert check_rec(rec(episode_t0=1, state=some, final_state=some)) is None  # mid-episode: any finite state
+    assert check_rec(rec(state=some)) == "state"  # an episode starts from the zero state
+    assert check_rec(rec(episode_t0=1, final_state=some, terminated=done_last)) == "state"  # so does the next one
+    assert check_rec(rec(episode_t0=1, final_state=some, truncated=done_last)) == "state"
+    assert check_rec(rec(episode_t0=1, final_state=some, terminated=done_early)) is None  # (a later episode goes on)
+    assert check_rec(rec(episode_t0=1, terminated=done_last)) is None
+    for bad in (np.zeros(STATE, np.float64), np.zeros((5,), np.float32), np.zeros((1, 4), np.float32), [0.0] * 4,
+                np.array([0, np.nan, 0, 0], np.float32), np.array([0, 0, np.inf, 0], np.float32)):
+        assert check_rec(rec(episode_t0=1, state=bad)) == "state", bad
+        assert check_rec(rec(episode_t0=1, final_state=bad)) == "state", bad
+    assert check_rec(dataclasses.replace(rec(), state=None)) == "state"
+    assert check_rec(dataclasses.replace(rec(), final_state=None)) == "state"
+    # a feed-forward run refuses a fragment that carries either state
+    assert check(rec()) == "state"
+    assert check(dataclasses.replace(rec(), state=None)) == "state"
+    assert check(dataclasses.replace(rec(), final_state=None)) == "state"

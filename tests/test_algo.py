@@ -288,6 +288,8 @@ def test_decoupled_loss_on_fresh_data_is_exactly_ppo():
     assert torch.equal(algo.decoupled_loss(logp, old, old, adv, 0.2, 5.0).loss, algo.ppo_clip_loss(logp, old, adv, 0.2).loss)
     assert torch.equal(algo.decoupled_loss(logp, old, old, adv, 0.2, 5.0, 3.0).loss,
                        algo.dual_clip_loss(logp, old, adv, 0.2, 3.0).loss)
+    at_cap = algo.decoupled_loss(logp, old, old, adv, 0.2, 1.0)  # every weight exactly at the cap: none truncated
+    assert float(at_cap.is_trunc_frac) == 0.0 and torch.equal(at_cap.loss, algo.ppo_clip_loss(logp, old, adv, 0.2).loss)
 
 
 def test_decoupled_gradient_is_the_weighted_ratio_gradient_inside_the_clip_and_zero_outside():

@@ -58,6 +58,28 @@ def test_successors_follow_the_episode_count_through_dones():
     assert successors([a, _frag(t_start=5, episode_id=1)]).tolist() == [-1, -1]
 
 
+def test_recurrent_fragments_join_only_when_the_successor_starts_from_the_very_state():
+    """The history contract: adjacency by identity is not enough for a recurrent fragment; its successor must start
+    from the state it ended in, bit for bit (any behavior version). Otherwise each starts from its own state."""
+    end = np.array([0.25, -1.0, 0.0, 3.0], np.float32)
+    a = dataclasses.replace(_frag(t_start=0), state=np.zeros(4, np.float32), final_state=end)
+    b = _frag(t_start=4)
+
+    def succ(g_state, f_final=end):
+        return successors([dataclasses.replace(a, final_state=f_final), dataclasses.replace(b, state=g_state,
+                                                                                              final_state=end)]).tolist()
+
+    assert succ(end.copy()) == [1, -1]
+    assert successors([a, dataclasses.replace(b, state=end.copy(), final_state=end,
+                                              id=dataclasses.replace(b.id, behavior_version=5))]).tolist() == [1, -1]
+    assert succ(np.nextafter(end, 1).astype(np.float32)) == [-1, -1]  # one ulp off
+    assert succ(np.zeros(4, np.float32)) == [-1, -1]
+    assert succ(None) == [-1, -1]  # the successor carries no state
+    assert succ(end.copy(), f_final=None) == [-1, -1]  # the predecessor's final state is missing
+    assert succ(end.reshape(1, 4).copy()) == [-1, -1]  # the same numbers in another shape
+    assert successors([_frag(t_start=0), _frag(t_start=4)]).tolist() == [1, -1]  # feed-forward: identity decides
+
+
 def test_chain_depths_count_the_fragments_that_follow():
     # chains 0 -> 2 -> 3 and 1 alone, 4 -> 1
     succ = np.array([2, -1, 3, -1, 1])

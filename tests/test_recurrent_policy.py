@@ -296,6 +296,27 @@ def test_truncated_bptt_and_burn_in_match_the_slow_reference(burn_in):
         assert not torch.allclose(g_uncut, g_ref, atol=1e-4, rtol=1e-4)
 
 
+def test_burn_in_spares_exactly_the_chains_that_start_an_episode():
+    """learner.burn_in=k leaves out the first k steps of a chain that starts mid-episode from a stored state —
+    however early in the episode (here its second step) — and none of a chain that starts the episode from the
+    zero state."""
+    cfg = rec(learner={"burn_in": 3})
+    learner, _, frags = collect(cfg, rollouts=2)
+    frags = frags[4:]  # the second rollout: one fragment per env, each the head of its own chain
+    no_end = np.zeros(len(frags[0].terminated), bool)
+    frags = [dataclasses.replace(f, id=dataclasses.replace(f.id, episode_t0=t0), terminated=no_end, truncated=no_end,
+                                 trunc_obs=f.trunc_obs[:0], state=f.state * (t0 > 0))
+             for f, t0 in zip(frags, (0, 1, 2, 7))]
+    b = learner._batch(frags)
+    heads = chain_heights(b.succ) == 0
+    assert heads.all()
+    keep, cut = learner._burn_in(b, heads)
+    keep, cut = keep.numpy(), cut.numpy()
+    assert keep[:, 0].all() and not cut[0]  # the episode's start: every step counts, nothing to cut
+    for n in (1, 2, 3):
+        assert not keep[:3, n].any() and keep[3:, n].all() and cut[n]
+
+
 def perturbed(learner, scale=0.5, seed=1, model=None):
     """``learner`` with its weights moved off their init (sharp logits: a log-prob error shows in a KL)."""
     torch.manual_seed(seed)
