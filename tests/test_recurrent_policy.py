@@ -344,8 +344,10 @@ def test_an_update_trains_a_recurrent_policy_and_reports_the_lag_measures():
     actor.load(learner.publish_snapshot())
     again = [f for f in actor.collect().fragments if f.state.any()]
     assert again and all(abs(learner.fragment_kl(f)) < 1e-5 for f in again)  # under its behavior weights: 0
-    zeroed = dataclasses.replace(again[0], state=np.zeros_like(again[0].state))
-    assert learner.fragment_kl(zeroed) > 1e-3  # (the KL reads the stored state: without it, it is not 0)
+    # (the KL reads the stored state: without it, it is not 0. Each fragment's stored state matters more or less --
+    # one near an episode's start barely -- and which fragments a rollout holds varies with torch's threads: the
+    # largest effect over the rollout's fragments)
+    assert max(learner.fragment_kl(dataclasses.replace(f, state=np.zeros_like(f.state))) for f in again) > 1e-3
 
 
 def numpy_gae(learner, frags):
