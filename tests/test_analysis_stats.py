@@ -303,3 +303,15 @@ def test_scores_given_as_task_arrays_drop_nans_as_scores_given_flat_do():
     assert stats.iqm([x]) == stats.iqm(x) == pytest.approx(25.0)
     _, lo, hi = stats.interval(stats.iqm, [x], reps=200)
     assert 10.0 <= lo <= hi <= 40.0
+
+
+def test_a_percentile_interval_needs_95_percent_finite_replicates_exactly():
+    """The edge of MIN_FINITE_REPLICATES: 95 finite of 100 replicates give an interval (from the finite ones), 94
+    do not."""
+    from analysis.stats import _percentile
+    vals = np.arange(100, dtype=float)
+    vals[95:] = np.nan
+    lo, hi = _percentile(vals, 0.05)
+    assert (lo, hi) == pytest.approx(tuple(np.percentile(np.arange(95.0), [2.5, 97.5])))
+    vals[94] = np.inf
+    assert all(np.isnan(_percentile(vals, 0.05)))
