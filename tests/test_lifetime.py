@@ -41,6 +41,13 @@ def _wait_gone(pids, within_s=10.0):
     return _alive(pids)
 
 
+def _kill_if_running(p):
+    """A test's run that is still running (the test failed before it ended): SIGKILL its group and reap it."""
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+
+
 def _start(tmp_path, *args, runner="process", actors=4, **popen):
     """train.py as a benchmark or a notebook starts it: output captured through pipes."""
     return subprocess.Popen([sys.executable, "train.py", f"runner={runner}", f"actors={actors}",
@@ -234,9 +241,7 @@ def _sigterm_the_group(tmp_path, actors, *args, sig=signal.SIGTERM):
         os.killpg(p.pid, sig)
         _, err = p.communicate(timeout=120)
     finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
+        _kill_if_running(p)
     return json.loads((tmp_path / "summary.json").read_text()), err.decode(errors="replace"), kids, p.returncode, p.pid
 
 
@@ -314,9 +319,7 @@ def test_a_signal_stops_a_ray_run_with_a_local_instance_at_a_safe_point(tmp_path
         (os.killpg if to.startswith("group") else os.kill)(p.pid, sig)
         _, err = p.communicate(timeout=120)
     finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
+        _kill_if_running(p)
     err = err.decode(errors="replace")
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["status"] == "interrupted", (s.get("error"), err[-3000:])
@@ -368,9 +371,7 @@ def test_under_nohup_a_sighup_to_the_group_changes_nothing(tmp_path):
         os.killpg(p.pid, signal.SIGHUP)
         _, err = p.communicate(timeout=300)
     finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
+        _kill_if_running(p)
     s = json.loads((tmp_path / "summary.json").read_text())
     assert p.returncode == 0 and s["status"] == "completed", err.decode(errors="replace")[-3000:]
     assert s["actor_restarts"] == 0 and balanced(s["transport"])
@@ -580,9 +581,7 @@ def test_ctrl_c_while_actors_start_prints_no_traceback(tmp_path, start_method):
         os.killpg(p.pid, signal.SIGINT)  # ... then one for the whole group: the run stops
         _, err = p.communicate(timeout=120)
     finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
+        _kill_if_running(p)
     err = err.decode(errors="replace")
     assert "KeyboardInterrupt" not in err and "Traceback" not in err, err[-3000:]
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "interrupted"
