@@ -177,6 +177,9 @@ def test_mask_rules_at_their_edges():
     assert ok(masked((0, 2, 1, 2), none_legal)) == "mask"
     assert ok(masked((0, 3, 1, 2))) == "action"  # n_actions = 3: checked before the mask is indexed with it
     assert ok(masked((0, -1, 1, 2))) == "action"
+    first_only = np.zeros((T, 3), bool)
+    first_only[:, 0] = True
+    assert ok(masked((0, -1, 0, 0), first_only)) == "action"  # (as an index, -1 would read the last action's entry)
     assert ok(dataclasses.replace(masked(), masks=None)) == "shape"  # a masked env's fragment without masks
     assert ok(masked(masks=np.ones((T, 3), np.uint8))) == "shape"
     assert ok(masked(masks=np.ones((T, 2), bool))) == "shape"
