@@ -120,9 +120,10 @@ def test_a_skipped_range_counts_as_arrived_and_a_claim_on_it_is_a_duplicate():
     led.skip(inc, 0, 7)  # at the watermark, or behind it: nothing moves
     led.skip(inc, 0, 2)
     assert (s.sent, s.arrived, s.seen) == (8, 8, {0, 4})
-    led.skip(inc, 1, 3)  # a stream that has sent nothing yet
+    led.skip(inc, 1, 7)  # a stream that has sent nothing yet, two rollouts: the one discarded is the last
     t = led.streams[(inc, 1)]
-    assert (t.sent, t.arrived, t.seen) == (4, 4, {0})
+    assert (t.sent, t.arrived, t.seen) == (8, 8, {4})
+    assert led.classify(_frag(inc, 1, 4)) == DUPLICATE
     one = Ledger(rollout_len=1, envs_per_actor=1)  # one-step rollouts: a skip one step past the watermark
     i = one.new_incarnation(0)
     one.sent(i, 0, 7, 8)
