@@ -8,7 +8,10 @@ runner=process with the Ray path's own cost per fragment.
 
 CartPole and HalfCheetah also run the default process run (what a user gets without ``actors=``), repeats
 interleaved, and print each run's fraction of the machine's ceiling: min(cores, actors + 1) x the sync runner's
-SPS (the sync runner steps and learns on one core; an asynchronous run can at best do that on every core).
+SPS (the sync runner steps and learns on one core; an asynchronous run can at best do that on every core), and the
+learner-bound limit: with one serial learner, an asynchronous run can hide the sync run's acting behind learning,
+not the learning, so it gains at most wall / (wall - acting) of the sync run (acting: the time the sync run's
+learner waited).
 
 Each run is its own process (`python train.py ...`), W&B off; SPS is summary.json's `sps` (env steps over
 the run's wall time, start-up included). Prints markdown tables with ratios against the best in-process
@@ -44,7 +47,16 @@ def train(out: Path, name: str, overrides: List[str]) -> Dict[str, object]:
     share = {k: float(a[k].mean()) / wall for k in ("env_s", "infer_s", "throttle_s", "blocked_s", "snapshot_s")
              if k in a}
     return {"name": name, "sps": float(s["sps"]), "wall": wall, "final": s["final_return_mean"], "actors": s["actors"],
-            "lag": float(m["lag/mean"].mean()), "learner_wait": float(m["learner/wait_frac"].iloc[-1]), **share}
+            "lag": float(m["lag/mean"].mean()), "learner_wait": float(m["learner/wait_frac"].iloc[-1]),
+            "wait_s": float(m["learner/wait_s"].sum()), **share}
+
+
+def learner_bound(sync_run: Dict[str, object]) -> float:
+    """The most an asynchronous run can gain over the sync run ``sync_run`` while its learner stays one serial
+    thread: it can hide the sync run's acting (the time its learner waited: stepping envs, inference) behind
+    learning, not the learning itself. wall / (wall - acting), as a ratio to the sync run's SPS."""
+    wall, acting = float(sync_run["wall"]), float(sync_run["wait_s"])
+    return wall / max(wall - acting, 1e-9)
 
 
 def cores() -> int:
@@ -122,9 +134,14 @@ def main() -> None:
         table(rows, base, sync_sps)
         best_p = max(r["sps"] for r in rows if " process " in r["name"])
         default = rows[-1]
+        best_sync = max((r for r in rows if " sync " in r["name"]), key=lambda r: r["sps"])
+        bound = learner_bound(best_sync)
         print(f"\nbest process / best in-process: **{best_p / base:.2f}x**; the default run "
               f"({default['actors']} actors) / sync: **{default['sps'] / sync_sps:.2f}x**, "
-              f"{default['sps'] / ceiling(sync_sps, int(default['actors']) + 1):.2f} of the ceiling\n")
+              f"{default['sps'] / ceiling(sync_sps, int(default['actors']) + 1):.2f} of the ceiling; "
+              f"learner-bound limit {bound:.2f}x sync (the sync run's learner waited {best_sync['wait_s']:.1f} s of "
+              f"{best_sync['wall']:.1f}: an asynchronous run hides at most that acting behind learning), the default "
+              f"run reaches {default['sps'] / (bound * sync_sps):.2f} of it\n")
     if "latency" in only:
         rows = []
         for actors in (2, 4):

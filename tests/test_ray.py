@@ -91,6 +91,9 @@ def test_a_ray_kill_is_booked_and_the_slot_restarts(cluster, tmp_path, monkeypat
     t = s["transport"]
     assert state["killed"] is not None and s["actor_restarts"] == 1
     assert s["status"] == "completed" and balanced(t) and t["misattributed"] == 0
+    # each Ray actor reports its worker process's CPU (what laglab.sim calibrates from): measured, within the run
+    stats = [a for a in s["actors_stats"].values() if a["steps"]]
+    assert stats and all(0 < a["cpu_s"] < s["wall_time_s"] for a in stats), stats
 
 
 def test_runner_ray_without_ray_installed_is_refused_with_how_to_install(monkeypatch):

@@ -170,6 +170,11 @@ def test_the_model_calibrated_on_one_real_run_predicts_another():
         assert p.returncode == 0, p.stderr
         costs = json.loads(p.stdout)
         assert 0 < costs["update_s"] < 5 and 0 <= costs["fragment_s"] < 0.1 and costs["step_wait_s"] >= 0
+        # the actors' own CPU (their processes), measured: an actor that mostly sleeps in its env uses less CPU
+        # than its env's wall time, and the model's CPU per step is that CPU (not the 1 ms sleep, not zero)
+        for a in real[2]["actors_stats"].values():
+            assert 0 < a["cpu_s"] < a["env_s"], a
+        assert 0 < costs["step_cpu_s"] < 1e-3, costs
         (Path(tmp) / "costs.json").write_text(p.stdout)
         for n in (8,):  # (not the calibration run itself: that would hold by construction)
             q = _cli("env=latency", "env.latency_ms=[1]", f"actors={n}", "total_env_steps=8192", "--costs",

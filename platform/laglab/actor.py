@@ -51,6 +51,8 @@ class ActorStats:
     snapshot_s: float = 0.0  # fetching and loading snapshots (the practitioner's "waiting on parameters")
     refreshes: int = 0  # rollouts discarded because the snapshot went stale (actor.refresh_lag)
     discarded_steps: int = 0  # their steps
+    cpu_s: float = 0.0  # CPU seconds: the actor's whole process (process and Ray runners: rollouts, sends, snapshot
+    # loads, polling) or, in-process (sync, thread), its own thread's time in rollouts
 
 
 def lead(produced: int, consumed: Mapping[int, int], incarnation: int) -> int:
@@ -132,6 +134,14 @@ class Actor:
 
     def collect(self, envs: Optional[Sequence[int]] = None, newest: Optional[Callable[[], int]] = None,
                 check_every: int = 1) -> Rollout:
+        c0 = time.thread_time()
+        try:
+            return self._collect(envs, newest, check_every)
+        finally:
+            self.stats.cpu_s += time.thread_time() - c0
+
+    def _collect(self, envs: Optional[Sequence[int]], newest: Optional[Callable[[], int]],
+                 check_every: int) -> Rollout:
         """One rollout of ``rollout_len`` steps of the env instances ``envs`` (default: all of them, in
         lockstep); one fragment per env instance. The others do not step (the sync runner fills a batch
         from exactly the env instances it needs).

@@ -408,7 +408,10 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     """Costs measured from real runs (medians over the runs): the learner's compute per update and per
     fragment, the actors' inference, env steps and snapshot loads, and the start-up to the first env step. An
     env step's time beyond its configured latency is ``step_wait_s`` for env=latency (a sleep's overshoot holds no
-    core) and ``step_cpu_s`` for every other env (the whole step computes). Calibrate on a quiet machine: under
+    core) and ``step_cpu_s`` for every other env (the whole step computes). Where the run measured its actor
+    processes' CPU (``cpu_s``: process and Ray runners), ``step_cpu_s`` is that CPU besides inference and snapshot
+    loads per env step (env code, sends, polls: what makes many actors contend for cores), taken out of the
+    latency env's ``step_wait_s``. Calibrate on a quiet machine: under
     load every cost grows."""
     import pandas as pd
     import yaml
@@ -438,16 +441,25 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
         stats = {int(k): a for k, a in (s.get("actors_stats") or {}).items()}  # actor id -> its stats
         steps = sum(a.get("steps", 0) for a in stats.values())
         if steps:
-            per["infer_s"].append(sum(a.get("infer_s", 0.0) for a in stats.values()) / (steps / E))
+            infer = sum(a.get("infer_s", 0.0) for a in stats.values())
+            per["infer_s"].append(infer / (steps / E))
             env_s = sum(a.get("env_s", 0.0) for a in stats.values())
-            if lat:  # env=latency sleeps: what its steps took beyond the latency held no core
+            fetch = sum(a.get("snapshot_s", 0.0) for a in stats.values())
+            cpu = sum(a.get("cpu_s", 0.0) for a in stats.values())
+            own_process = str((cfg.get("runner") or {}).get("name", "")) in ("process", "ray")
+            # the actors' CPU besides inference and snapshot loads (env code, sends, polls), per env step, where
+            # the run measured its actors' processes; else (older runs, in-process runners) the env's time
+            step_cpu = max(0.0, cpu - infer - fetch) / steps if cpu > 0 and own_process else None
+            if lat:  # env=latency sleeps: its steps' time beyond the latency and the actor's CPU held no core
                 wait = sum(lat[i % len(lat)] / 1000.0 * a.get("steps", 0) for i, a in stats.items())
-                per["step_wait_s"].append(max(0.0, env_s - wait) / steps)
+                per["step_wait_s"].append(max(0.0, (env_s - wait) / steps - (step_cpu or 0.0)))
+                if step_cpu is not None:
+                    per["step_cpu_s"].append(step_cpu)
             else:
-                per["step_cpu_s"].append(env_s / steps)
+                per["step_cpu_s"].append(max(env_s / steps, step_cpu or 0.0))
             loads = sum(a.get("loads", 0) for a in stats.values())
             if loads:
-                per["fetch_s"].append(sum(a.get("snapshot_s", 0.0) for a in stats.values()) / loads)
+                per["fetch_s"].append(fetch / loads)
         su = s.get("startup") or {}
         if su.get("first_env_step") is not None and su.get("learner") is not None:
             per["startup_s"].append(max(0.0, float(su["first_env_step"]) - float(su["learner"])))

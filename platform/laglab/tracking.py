@@ -217,7 +217,7 @@ class WandbSink:
 
 # ---- the tracker -----------------------------------------------------------------------------------------
 ACTOR_FIELDS = ("steps", "episodes", "version", "env_s", "infer_s", "throttle_s", "blocked_s", "snapshot_s",
-                "rollouts", "refreshes", "discarded_steps")
+                "rollouts", "refreshes", "discarded_steps", "cpu_s")
 
 
 class Tracker:
@@ -333,7 +333,7 @@ class Tracker:
                 data["charts/episode_length"] = float(np.mean([e.length for e in fresh]))
             for r in a_rows:
                 for k in ("sps", "episodes", "version", "lag", "env_s", "infer_s", "throttle_s", "blocked_s",
-                          "snapshot_s", "refreshes"):
+                          "snapshot_s", "refreshes", "cpu_s"):
                     data[f"actor/{r['actor']}/{k}"] = r[k]
             self.wandb.log(data, hists if hist_now else {})
         elif self.wandb:

@@ -138,6 +138,7 @@ class _Loop:
         self.idle_s = max(self.poll, cfg.runner.poll_s)  # longest wait for the bell (beats and checks in between)
         self.out: List[bytes] = []  # messages not yet sent (see flush)
         actor.heartbeat = self.beat
+        self.cpu0 = time.process_time()  # (the process's CPU before its loop: imports, envs, attaching shm)
 
     # ---- liveness -------------------------------------------------------------------------------------------
     def stopping(self) -> bool:
@@ -149,7 +150,8 @@ class _Loop:
 
     def publish_stats(self) -> None:
         st, c = self.actor.stats, self.ch.counts
-        row = dict(steps=st.steps, rollouts=st.rollouts, episodes=st.episodes, env_s=st.env_s, infer_s=st.infer_s,
+        st.cpu_s = time.process_time() - self.cpu0
+        row = dict(cpu_s=st.cpu_s, steps=st.steps, rollouts=st.rollouts, episodes=st.episodes, env_s=st.env_s, infer_s=st.infer_s,
                    throttle_s=st.throttle_s, blocked_s=st.blocked_s, version=st.version, loads=st.loads,
                    snapshot_s=st.snapshot_s, refreshes=st.refreshes, discarded_steps=st.discarded_steps,
                    duplicated=c.duplicated, reordered=c.reordered, delayed=c.delayed,

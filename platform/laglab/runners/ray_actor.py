@@ -126,6 +126,7 @@ class RolloutWorker:
         self.version = -1
         self.hang_next = False
         self.killed = False
+        self.cpu0 = time.process_time()  # (the worker's CPU before: Ray's start, imports, envs)
 
     def ready(self) -> str:
         """Answers once the worker is constructed (its env made): the learner's start-up check. Returns the
@@ -158,7 +159,7 @@ class RolloutWorker:
                     "sent": np.zeros((0, 2), np.int64), "fragments": [],
                     "held": held_ids(self.ch.contents()),
                     "episodes": [(e.env_index, e.ret, e.length) for e in ro.episodes],
-                    "stats": asdict(self.actor.stats), "chaos": self.chaos_counts(), "killed": False}
+                    "stats": self._stats(), "chaos": self.chaos_counts(), "killed": False}
         self.in_hand += ro.steps
         ch = self.ch
         self._hang_if_scripted()
@@ -188,8 +189,12 @@ class RolloutWorker:
             "fragments": [to_wire(f) for f in out],
             "held": held_ids(ch.contents()),
             "episodes": [(e.env_index, e.ret, e.length) for e in ro.episodes],
-            "stats": asdict(self.actor.stats), "chaos": self.chaos_counts(), "killed": killed,
+            "stats": self._stats(), "chaos": self.chaos_counts(), "killed": killed,
         }
+
+    def _stats(self) -> Dict[str, Any]:
+        self.actor.stats.cpu_s = time.process_time() - self.cpu0  # the whole worker process, as the process runner
+        return asdict(self.actor.stats)
 
     def _hang_if_scripted(self) -> None:
         """After the rollout that reported its scripted hang, this actor answers no call: the learner's supervisor
@@ -206,7 +211,7 @@ class RolloutWorker:
         out, self.ch.outbox = self.ch.outbox, []
         return {"inc": self.inc, "produced": self.produced, "in_hand": self.in_hand, "steps": 0,
                 "sent": np.zeros((0, 2), np.int64), "fragments": [to_wire(f) for f in out],
-                "held": held_ids([]), "episodes": [], "stats": asdict(self.actor.stats),
+                "held": held_ids([]), "episodes": [], "stats": self._stats(),
                 "chaos": self.chaos_counts(), "killed": False}
 
     def chaos_counts(self) -> Dict[str, Any]:
