@@ -17,6 +17,11 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "platform"))
+# numpy's BLAS on one thread in the learner's process (before numpy loads; a value the user set is kept): laglab's
+# numpy work there is small matrices per env step (the sync and thread runners' inference, a recurrent cell), which
+# a second BLAS thread only slows (an LSTM policy's sync run: 2.6x slower with two). torch's threads are
+# runner.torch_threads, not this.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
 
