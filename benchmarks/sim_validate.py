@@ -2,7 +2,8 @@
 cell *before* running them, then run each cell for real (process runner, env=latency, whose actors sleep, so this
 machine can hold many) and print predicted vs measured steady-state SPS, mean lag and p95 lag, and the worst error.
 
-    python benchmarks/sim_validate.py [--actors 1,2,4,8,16,32,64] [--latencies uniform,hetero] [--repeats 3] [--out DIR]
+    python benchmarks/sim_validate.py [--actors 1,2,4,8,16,32,64] [--latencies uniform,hetero] [--repeats 3]
+                                      [--runner process|ray] [--out DIR]
 
 Each cell runs ``--repeats`` times (every cell once, then again: interleaved) and is compared with the median;
 the measured spread (min..max) is printed beside it: at many actors on two cores, real runs of one cell differ
@@ -31,6 +32,7 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 LATENCIES = {"uniform": "[2]", "hetero": "[1,2,4,8]"}
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def budget(n: int) -> int:
@@ -39,8 +41,12 @@ def budget(n: int) -> int:
     return int(max(40960, 20 * n * 4 * 32))
 
 
-def overrides(n: int, lat: str) -> List[str]:
-    return ["env=latency", f"env.latency_ms={LATENCIES[lat]}", f"actors={n}", f"total_env_steps={budget(n)}"]
+def overrides(n: int, lat: str, runner: str = "process") -> List[str]:
+    out = ["env=latency", f"env.latency_ms={LATENCIES[lat]}", f"actors={n}", f"total_env_steps={budget(n)}",
+           f"runner={runner}"]
+    if runner == "ray":  # a local instance: every actor fits (Ray reserves, it does not pin: they share the cores)
+        out.append(f"runner.cpus_per_actor={min(1.0, CORES / n):g}")
+    return out
 
 
 def train(run_dir: Path, ovs: List[str]) -> Dict[str, float]:
@@ -73,6 +79,9 @@ def main() -> int:
     ap.add_argument("--latencies", default="uniform,hetero")
     ap.add_argument("--calibrate-on", default="2,8", help="actor counts of the calibration runs (uniform latency)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--runner", default="process", choices=["process", "ray"],
+                    help="ray: a local instance, runner.cpus_per_actor = cores / actors (at most 1); calibrated on "
+                         "Ray runs of its own")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     out = Path(a.out or f"/tmp/sim_validate_{time.strftime('%Y%m%d_%H%M%S')}")
@@ -80,20 +89,20 @@ def main() -> int:
     print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)", flush=True)
     cal = [out / f"calibrate_a{n}" for n in map(int, a.calibrate_on.split(","))]
     for d, n in zip(cal, map(int, a.calibrate_on.split(","))):
-        train(d, overrides(n, "uniform"))
+        train(d, overrides(n, "uniform", a.runner))
     p = subprocess.run([sys.executable, "-m", "laglab.sim", "--calibrate", *map(str, cal)], cwd=ROOT,
                        capture_output=True, text=True, check=True)
     costs = out / "costs.json"
     costs.write_text(p.stdout)
     print("costs:", p.stdout, flush=True)
     cells = [(lat, n) for lat in a.latencies.split(",") for n in map(int, a.actors.split(","))]
-    preds = {f"{lat}/{n}": predict(overrides(n, lat), costs) for lat, n in cells}
+    preds = {f"{lat}/{n}": predict(overrides(n, lat, a.runner), costs) for lat, n in cells}
     (out / "predictions.json").write_text(json.dumps({"written_at": time.time(), "predictions": preds}, indent=1))
     print(f"predictions written to {out / 'predictions.json'} before any validation run", flush=True)
     reals: Dict[str, List[Dict[str, float]]] = {f"{lat}/{n}": [] for lat, n in cells}
     for r in range(a.repeats):  # interleaved: the machine's drift spreads over every cell
         for lat, n in cells:
-            reals[f"{lat}/{n}"].append(train(out / f"{lat}_a{n}" / f"r{r}", overrides(n, lat)))
+            reals[f"{lat}/{n}"].append(train(out / f"{lat}_a{n}" / f"r{r}", overrides(n, lat, a.runner)))
             print(json.dumps({"cell": f"{lat}/{n}", "repeat": r, **reals[f"{lat}/{n}"][-1]}), flush=True)
     rows = []
     for lat, n in cells:

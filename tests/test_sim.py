@@ -18,10 +18,12 @@ def cfg(*overrides):
     return compose(["env=latency", "total_env_steps=200000", *overrides])
 
 
+@pytest.mark.parametrize("runner", ["process", "ray"])
 @pytest.mark.parametrize("actors,ms", [(4, [2.0]), (8, [2.0]), (4, [1.0, 2.0, 4.0, 8.0])])
-def test_env_bound_throughput_is_the_sum_of_the_actors_rates(actors, ms):
+def test_env_bound_throughput_is_the_sum_of_the_actors_rates(actors, ms, runner):
     # each actor steps its envs one after another: 1000 / latency_ms steps per second, whatever its env count
-    out = simulate(cfg(f"actors={actors}", "actor.max_lead_steps=null"), Costs(**FREE),
+    # (on Ray too: with two calls in flight an actor always has its next rollout to run)
+    out = simulate(cfg(f"actors={actors}", "actor.max_lead_steps=null", f"runner={runner}"), Costs(**FREE),
                    Latency("fixed", per_actor_ms=ms))
     ideal = sum(1000.0 / ms[i % len(ms)] for i in range(actors))
     assert out["sps_steady"] == pytest.approx(ideal, rel=0.02)
@@ -46,11 +48,12 @@ def test_one_core_shared_the_learner_first():
     assert two["sps_steady"] > 1.5 * out["sps_steady"]  # a second core takes the actors' work off the learner's
 
 
+@pytest.mark.parametrize("runner", ["process", "ray"])
 @pytest.mark.parametrize("actors", [8, 16, 32])
-def test_lag_is_the_updates_during_one_rollout(actors):
+def test_lag_is_the_updates_during_one_rollout(actors, runner):
     # unthrottled actors with jittered latencies (no phase locking): a fragment's lag is the updates made while
     # its rollout ran, R x (sps / B) = (E T L) x (N / L) / B = N E T / B, and sps = N / mean latency
-    c = cfg(f"actors={actors}", "actor.max_lead_steps=null", "total_env_steps=400000")
+    c = cfg(f"actors={actors}", "actor.max_lead_steps=null", "total_env_steps=400000", f"runner={runner}")
     out = simulate(c, Costs(**FREE), Latency("lognormal", median_ms=2.0, sigma=0.5))
     E, T, B = c.actor.envs_per_actor, c.actor.rollout_len, c.learner.batch_size
     assert out["lag_mean"] == pytest.approx(actors * E * T / B, rel=0.05)
@@ -93,11 +96,13 @@ def test_refused_or_evicted_data_does_not_hold_throttled_actors(policy):
     assert tiny["updates"] > 0  # (a leak ended this in "the model is stuck")
 
 
-def test_the_throttle_holds_actors_to_their_lead():
+@pytest.mark.parametrize("runner", ["process", "ray"])
+def test_the_throttle_holds_actors_to_their_lead(runner):
     lat = Latency("fixed", per_actor_ms=[0.0])
     slow = Costs(**{**FREE, "update_s": 0.05})
-    free = simulate(cfg("actors=16", "actor.max_lead_steps=null", "transport.capacity=100000"), slow, lat)
-    held = simulate(cfg("actors=16", "transport.capacity=100000"), slow, lat)  # lead_batches:2
+    free = simulate(cfg("actors=16", "actor.max_lead_steps=null", "transport.capacity=100000", f"runner={runner}"),
+                    slow, lat)
+    held = simulate(cfg("actors=16", "transport.capacity=100000", f"runner={runner}"), slow, lat)  # lead_batches:2
     assert held["actor_throttle_frac"] > 0.5 and free["actor_throttle_frac"] == 0
     assert held["lag_mean"] < free["lag_mean"] / 2 and held["queue_depth_mean"] < free["queue_depth_mean"] / 2
 
@@ -183,3 +188,51 @@ def test_the_model_calibrated_on_one_real_run_predicts_another():
             pred = json.loads(q.stdout)
             assert 0.6 < pred["sps"] / real[n]["sps"] < 1.6, (n, pred["sps"], real[n]["sps"])
             assert abs(pred["lag_mean"] - real[n]["lag"]["mean"]) < 1.0, (n, pred["lag_mean"], real[n]["lag"])
+
+
+def test_ray_calls_bound_what_an_actor_runs_ahead_of_the_receiver():
+    # runner=ray: an actor runs only the calls it was given, at most runner.max_inflight unanswered; a receiver
+    # held by a full queue (block) takes no answer, so each actor stops after max_inflight rollouts beyond what
+    # was taken, where the process runner's actor runs on into its own put and waits there
+    lat = Latency("fixed", per_actor_ms=[0.0])
+    slow = Costs(**{**FREE, "update_s": 0.05})
+    over = ["actors=8", "actor.max_lead_steps=null", "transport.capacity=4", "runner=ray"]
+    one = simulate(cfg(*over, "runner.max_inflight=1"), slow, lat)
+    four = simulate(cfg(*over, "runner.max_inflight=4"), slow, lat)
+    assert one["actor_throttle_frac"] > 0.9  # idle, waiting for a call: a receiver blocked on the queue issues none
+    assert one["env_steps"] == four["env_steps"] == 200000 // 128 * 128  # every rollout the budget holds ran
+    # data waits in calls, not in the queue: the older it is when trained, the more calls were in flight
+    assert four["lag_mean"] > one["lag_mean"] + 1, (one["lag_mean"], four["lag_mean"])
+
+
+def test_calibration_of_a_ray_run_takes_the_board_round_trip_as_a_wait_per_call(tmp_path):
+    # a Ray actor asks the snapshot board at every call (snapshot_s accrues per call, a round trip that holds no
+    # core) and its worker's CPU (cpu_s) holds everything it computes: call_s = snapshot_s / calls, no fetch CPU,
+    # step_cpu_s = (cpu - inference) / steps; a process-runner run of the same figures charges snapshot_s per load
+    import pandas as pd
+    import yaml
+
+    from laglab.sim import calibrate
+
+    def run_dir(name, runner):
+        d = tmp_path / name
+        (d / ".hydra").mkdir(parents=True)
+        (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump({
+            "runner": {"name": runner}, "actor": {"envs_per_actor": 4}, "env": {"latency_ms": [2.0]},
+            "learner": {"max_kl_behavior": None}}))
+        pd.DataFrame({"learner/compute_s": [0.03, 0.03], "learner/offer_s": [0.01, 0.01],
+                      "transport/receive_s": [0.0, 0.02]}).to_parquet(d / "metrics.parquet")
+        stats = {str(i): {"steps": 12800, "rollouts": 100, "loads": 20, "snapshot_s": 0.5, "infer_s": 0.4,
+                          "env_s": 12800 * 2.3e-3, "cpu_s": 2.0} for i in range(2)}
+        (d / "summary.json").write_text(json.dumps({"status": "completed", "actors_stats": stats,
+                                                    "transport": {"admitted_fragments": 800}}))
+        return d
+
+    ray = calibrate([run_dir("ray", "ray")])
+    assert ray["call_s"] == pytest.approx(0.5 / 100) and ray["fetch_s"] == 0.0
+    assert ray["step_cpu_s"] == pytest.approx((2.0 - 0.4) / 12800)
+    assert ray["step_wait_s"] == pytest.approx(0.3e-3 - (2.0 - 0.4) / 12800)
+    assert ray["fragment_s"] == pytest.approx((0.02 + 0.02) / 800)
+    proc = calibrate([run_dir("process", "process")])
+    assert "call_s" not in proc and proc["fetch_s"] == pytest.approx(0.5 / 20)
+    assert proc["step_cpu_s"] == pytest.approx((2.0 - 0.4 - 0.5) / 12800)

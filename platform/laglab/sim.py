@@ -16,6 +16,12 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   (``Costs.send_s`` each).
 * **The queue**: bounded in fragments and bytes, with the overflow policy (``block`` holds the actor until there
   is room, ``reject`` refuses the new fragment, ``drop_oldest`` evicts the oldest).
+* **Ray** (``runner=ray``): the learner drives each actor with rollout calls instead, at most
+  ``runner.max_inflight`` outstanding per actor and only while the actor's lead allows (counting the calls in
+  flight), each reserving its rollout from the budget when issued; an actor runs its calls one after another
+  (loading the newest snapshot first, as above); a receiver takes each answer, puts its fragments in the queue
+  (waiting where ``block`` says) and issues that actor's next call. Ray's per-call costs are in ``fetch_s``,
+  ``send_s`` and the learner's ``fragment_s`` as calibrated from a Ray run.
 * **The learner**: takes fragments one at a time (``Costs.fragment_s`` each: receiving, admission, books,
   staging), drops those older than ``learner.max_policy_lag`` versions, updates once per batch
   (``Costs.update_s``), publishes every ``learner.broadcast_every`` updates (the snapshot ``actor.fixed_lag``
@@ -60,6 +66,8 @@ class Costs:
                               # (env=latency: the sleep's overshoot)
     fetch_s: float = 1e-3  # actor: fetching and loading a snapshot
     send_s: float = 20e-6  # actor: handing one fragment over
+    call_s: float = 0.0  # runner=ray: an actor's wait per call for the snapshot board's answer and the snapshot
+                         # (a round trip through Ray: holds no core)
     startup_s: float = 0.0  # from the run's start to the actors' first env step (counted in sps, as a run does)
     cores: float = 2.0  # CPUs shared by the learner and the actors
 
@@ -265,16 +273,81 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     lags: List[int] = []
     ages: List[float] = []
     finished = env.event()
+    # runner=ray: the learner drives each actor with rollout calls, at most runner.max_inflight outstanding and
+    # only while its lead allows (counting the calls in flight); a receiver takes each answer, puts its fragments
+    # in the queue and issues the next call (runners/ray.py: issue, receive)
+    ray = cfg.runner.name.value == "ray"
+    calls = [simpy.Store(env) for _ in range(N)] if ray else []  # per actor: "call" or "stop" tokens
+    inflight = [0] * N  # ray: calls issued to actor i and not yet answered
+    answered = [0] * N  # ray: steps of actor i's answered calls (the learner's view of what it produced)
+    stopped = [False] * N
+    answers = simpy.Store(env) if ray else None
+
+    def issue(i: int) -> None:
+        while not stopped[i] and inflight[i] < cfg.runner.max_inflight:
+            if max_lead is not None and answered[i] + inflight[i] * per_rollout - credit[i] >= max_lead:
+                return  # (the throttle, as throttle_state counts the calls in flight)
+            if st["reserved"] + per_rollout > total:
+                if inflight[i] == 0:  # the budget is spent and nothing is owed: the actor is done
+                    stopped[i] = True
+                    calls[i].put("stop")
+                return
+            st["reserved"] += per_rollout
+            inflight[i] += 1
+            calls[i].put("call")
 
     def ring() -> None:
         ev, news[0] = news[0], env.event()
         ev.succeed()
+        for i in range(N if ray else 0):  # new credit: calls a paused actor may now get
+            issue(i)
 
     def step_wait(i: int, n: int) -> float:
         if latency.kind == "fixed":
             ms = latency.per_actor_ms[i % len(latency.per_actor_ms)] if latency.per_actor_ms else 0.0
             return n * ms / 1000.0
         return float(rng.lognormal(math.log(latency.median_ms), latency.sigma, size=n).sum()) / 1000.0
+
+    def collect(i: int):
+        for _ in range(T):
+            yield from _cpu(env, cpu, costs.infer_s + E * costs.step_cpu_s, 1)
+            w = step_wait(i, E) + E * costs.step_wait_s
+            if w > 0:
+                yield env.timeout(w)
+        st["produced"] += per_rollout
+
+    def ray_actor(i: int):
+        version = -1
+        while True:
+            t0 = env.now
+            token = yield calls[i].get()
+            st["throttle_s"] += env.now - t0  # (idle: no call from the learner)
+            if token == "stop":
+                break
+            if costs.call_s > 0:
+                yield env.timeout(costs.call_s)  # (asking the board: the newest version as the answer arrives)
+            newest = published[0]
+            if version < 0 or (newest - version > cfg.actor.sync_min_lag and newest != version):
+                yield from _cpu(env, cpu, costs.fetch_s, 1)
+                st["fetches"] += 1
+                version = newest
+            yield from collect(i)
+            yield from _cpu(env, cpu, E * costs.send_s, 1)
+            yield answers.put((i, version, env.now))
+        st["done_actors"] += 1
+        q.wake()
+
+    def receiver():
+        while True:
+            i, version, t_sent = yield answers.get()
+            for _ in range(E):
+                t0 = env.now
+                yield from q.put((i, T, version, t_sent))
+                sent[i] += T
+                st["blocked_s"] += env.now - t0
+            inflight[i] -= 1
+            answered[i] += per_rollout
+            issue(i)
 
     def actor(i: int):
         version, produced = -1, 0
@@ -295,13 +368,8 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             if st["reserved"] + per_rollout > total:
                 break
             st["reserved"] += per_rollout
-            for _ in range(T):
-                yield from _cpu(env, cpu, costs.infer_s + E * costs.step_cpu_s, 1)
-                w = step_wait(i, E) + E * costs.step_wait_s
-                if w > 0:
-                    yield env.timeout(w)
+            yield from collect(i)
             produced += per_rollout
-            st["produced"] += per_rollout
             yield from _cpu(env, cpu, E * costs.send_s, 1)
             for _ in range(E):
                 t0 = env.now
@@ -368,7 +436,11 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
         finished.succeed()
 
     for i in range(N):
-        env.process(actor(i))
+        env.process(ray_actor(i) if ray else actor(i))
+    if ray:
+        env.process(receiver())
+        for i in range(N):
+            issue(i)
     env.process(learner())
     env.run(until=finished)
     q._track()
@@ -446,7 +518,13 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
             env_s = sum(a.get("env_s", 0.0) for a in stats.values())
             fetch = sum(a.get("snapshot_s", 0.0) for a in stats.values())
             cpu = sum(a.get("cpu_s", 0.0) for a in stats.values())
-            own_process = str((cfg.get("runner") or {}).get("name", "")) in ("process", "ray")
+            runner = str((cfg.get("runner") or {}).get("name", ""))
+            own_process = runner in ("process", "ray")
+            if runner == "ray":  # each call asks the board (a Ray round trip) and maybe loads: a wait per call, whose
+                calls = sum(a.get("rollouts", 0) for a in stats.values())  # CPU is in the actor's cpu_s
+                per["call_s"].append(fetch / max(calls, 1))
+                per["fetch_s"].append(0.0)
+                fetch = 0.0
             # the actors' CPU besides inference and snapshot loads (env code, sends, polls), per env step, where
             # the run measured its actors' processes; else (older runs, in-process runners) the env's time
             step_cpu = max(0.0, cpu - infer - fetch) / steps if cpu > 0 and own_process else None
@@ -458,7 +536,7 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
             else:
                 per["step_cpu_s"].append(max(env_s / steps, step_cpu or 0.0))
             loads = sum(a.get("loads", 0) for a in stats.values())
-            if loads:
+            if loads and runner != "ray":
                 per["fetch_s"].append(fetch / loads)
         su = s.get("startup") or {}
         if su.get("first_env_step") is not None and su.get("learner") is not None:

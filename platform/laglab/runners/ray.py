@@ -237,6 +237,7 @@ class _Runner:
         self.chaos = ChaosCounts()
         self.malformed = 0
         self.calls = 0
+        self.receive_s = 0.0  # the receiver's own time (answers, books, the queue, next calls), net of a full queue
         self.bytes_in = 0
         self.hangs_detected = 0
         self.stopping = threading.Event()
@@ -299,7 +300,7 @@ class _Runner:
         with self.lock:
             inflight = sum(len(w.inflight) for w in self.workers if not w.finalized)
         return {"transport/queue_depth": float(self.queue.depth), "transport/queue_bytes": float(self.queue.bytes),
-                "transport/calls_in_flight": float(inflight)}
+                "transport/calls_in_flight": float(inflight), "transport/receive_s": self.receive_s}
 
     def actor_stats(self) -> Dict[int, ActorStats]:
         return {s.actor_id: s.stats for s in self.slots}
@@ -420,6 +421,7 @@ class _Runner:
                     self.issue()
                     continue
                 ready, _ = self.ray.wait(list(refs), num_returns=1, timeout=self.poll)
+                t0, b0 = time.perf_counter(), self.queue.stats.blocked_s
                 for ref in ready:
                     w = refs[ref]
                     # an actor runs its calls one after another, so the calls issued before this one have
@@ -436,6 +438,8 @@ class _Runner:
                             continue
                         self.answer(w, r, kind, steps)
                 self.issue()
+                if ready:  # (reading answers, books, the queue and the next calls; not the wait for them)
+                    self.receive_s += time.perf_counter() - t0 - (self.queue.stats.blocked_s - b0)
         except BaseException as e:  # noqa: BLE001 - surfaces in the learner loop
             self.receiver_error = e
 
