@@ -316,3 +316,23 @@ def test_effective_sample_fraction_is_kish_and_survives_huge_weights():
     one = torch.full((10,), -1000.0)
     one[3] = 1000.0  # exp overflows in float64 unscaled
     assert algo.effective_sample_fraction(one) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_host_scan_is_the_torch_loop_bit_for_bit(dtype):
+    # GAE and V-trace's backward recursion runs as a numpy loop on the host (cheaper per step); tensors that need
+    # gradients take the torch loop: the two give the same floats, so a learner's targets do not depend on which
+    g = torch.Generator().manual_seed(3)
+    T, N = 37, 11
+    deltas = torch.randn(T, N, generator=g, dtype=dtype)
+    coef = torch.rand(T, N, generator=g, dtype=dtype) * 0.99
+    last = torch.randn(N, generator=g, dtype=dtype)
+    host = algo.backward_scan(deltas, coef, last)
+    loop = algo.backward_scan(deltas.clone().requires_grad_(), coef, last).detach()
+    assert host.dtype == dtype and torch.equal(host, loop)
+    ref = torch.zeros(T, N, dtype=torch.float64)  # and both are the recursion, written the slow way
+    nxt = last.double()
+    for t in reversed(range(T)):
+        nxt = deltas[t].double() + coef[t].double() * nxt
+        ref[t] = nxt
+    assert torch.allclose(host.double(), ref, rtol=1e-5, atol=1e-5)
