@@ -313,3 +313,29 @@ def test_no_shared_memory_or_process_is_left_behind(tmp_path, how, start_method)
     time.sleep(0.5)
     alive = [k for k in kids if Path(f"/proc/{k}").exists() and "Z" not in Path(f"/proc/{k}/stat").read_text().split()[2]]
     assert not alive, alive
+
+
+def test_an_actors_cpu_is_its_whole_process_since_its_loop_started(monkeypatch):
+    # process and Ray actors report their process's CPU from the start of their loop (laglab.sim calibrates the
+    # actors' contention for cores from it): not their thread's time in rollouts, not the process's age
+    import types
+
+    from laglab.actor import ActorStats
+    from laglab.chaos import ChaosCounts
+    from laglab.runners import process_actor, ray_actor
+
+    clock = {"cpu": 10.0}
+    monkeypatch.setattr(time, "process_time", lambda: clock["cpu"])
+    rows = {}
+    status = types.SimpleNamespace(set=lambda actor, **row: rows.update(row))
+    loop = object.__new__(process_actor._Loop)
+    loop.actor = types.SimpleNamespace(stats=ActorStats(cpu_s=0.25), first_step_t=None)  # (0.25: a rollout's thread)
+    loop.ch = types.SimpleNamespace(counts=ChaosCounts())
+    loop.status, loop.actor_id, loop.cpu0 = status, 0, 7.5
+    clock["cpu"] = 11.0
+    loop.publish_stats()
+    assert rows["cpu_s"] == pytest.approx(3.5) and loop.actor.stats.cpu_s == pytest.approx(3.5)
+    w = object.__new__(ray_actor.RolloutWorker)
+    w.actor, w.cpu0 = types.SimpleNamespace(stats=ActorStats(cpu_s=0.25)), 2.0
+    clock["cpu"] = 6.0
+    assert w._stats()["cpu_s"] == pytest.approx(4.0)

@@ -51,6 +51,7 @@ class ActorStats:
     snapshot_s: float = 0.0  # fetching and loading snapshots (the practitioner's "waiting on parameters")
     refreshes: int = 0  # rollouts discarded because the snapshot went stale (actor.refresh_lag)
     discarded_steps: int = 0  # their steps
+    env_cpu_s: float = 0.0  # CPU seconds of this thread inside env.step (env_s less what the env waited)
     cpu_s: float = 0.0  # CPU seconds: the actor's whole process (process and Ray runners: rollouts, sends, snapshot
     # loads, polling) or, in-process (sync, thread), its own thread's time in rollouts
 
@@ -174,6 +175,7 @@ class Actor:
         start_h = h
         episodes: List[Episode] = []
         env_s = infer_s = 0.0
+        st = self.stats
         obs = self.obs[sel]
         beat = self.heartbeat
         check = newest if self.cfg.actor.refresh_lag is not None else None
@@ -194,9 +196,10 @@ class Actor:
                 env_a = np.clip(a_np, self._low, self._high)
                 mean_buf[step] = mean
                 lstd_buf[step] = log_std
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), time.thread_time()
             res = self.envs.step(env_a, None if envs is None else index)
             t2 = time.perf_counter()
+            st.env_cpu_s += time.thread_time() - c1
             if self.first_step_t is None:
                 self.first_step_t = time.monotonic()
                 timeline.mark("first_env_step", self.first_step_t)  # (in-process runners; a process: its status)

@@ -331,7 +331,7 @@ class StatusBlock:
     Read by the learner for per-actor stats and liveness; chaos counts are read once the process is gone."""
 
     FIELDS = ("beat", "steps", "rollouts", "episodes", "env_s", "infer_s", "throttle_s", "blocked_s", "version",
-              "loads", "snapshot_s", "refreshes", "discarded_steps", "cpu_s", "incarnation", "torch_loaded", "first_step",
+              "loads", "snapshot_s", "refreshes", "discarded_steps", "cpu_s", "env_cpu_s", "incarnation", "torch_loaded", "first_step",
               "duplicated", "reordered", "delayed", "dropped_steps", "kills", "hangs", "lost_held_steps",
               "corrupted_nan", "corrupted_shape", "corrupted_prob", "corrupted_schema", "corrupted_mask",
               "corrupted_state", "corrupted_steps_nan", "corrupted_steps_shape", "corrupted_steps_prob",

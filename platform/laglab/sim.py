@@ -20,15 +20,19 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   ``runner.max_inflight`` outstanding per actor and only while the actor's lead allows (counting the calls in
   flight), each reserving its rollout from the budget when issued; an actor runs its calls one after another
   (loading the newest snapshot first, as above); a receiver takes each answer, puts its fragments in the queue
-  (waiting where ``block`` says) and issues that actor's next call. Ray's per-call costs are in ``fetch_s``,
-  ``send_s`` and the learner's ``fragment_s`` as calibrated from a Ray run.
+  (waiting where ``block`` says) and issues that actor's next call. Ray's per-call costs are ``call_s`` (the
+  board's round trip, a wait), the actor's CPU and the learner's ``fragment_s`` as calibrated from a Ray run. Ray
+  workers are not niced: on Ray the learner does not preempt actors, it queues for a core with them. An actor
+  waiting for its next call counts as throttled (``actor_throttle_frac``). Not modelled: the answer's trip back,
+  the board's update after a publication, and the receiver thread sharing the learner's GIL (the first look at
+  Ray runs measured mean lag 17-21% above the model's).
 * **The learner**: takes fragments one at a time (``Costs.fragment_s`` each: receiving, admission, books,
   staging), drops those older than ``learner.max_policy_lag`` versions, updates once per batch
   (``Costs.update_s``), publishes every ``learner.broadcast_every`` updates (the snapshot ``actor.fixed_lag``
   publications back, if set) with the actors' credit; when it finds the queue empty for ``runner.poll_s`` it
   grants credit for what it has taken (as ``serve`` does).
 * **CPU**: ``Costs.cores`` CPUs shared by everything that computes. The learner preempts actors (actor processes
-  run at nice 19); actors queue for a core among themselves. Waiting on an env (a sleep) holds no core.
+  run at nice 19; not on Ray); actors queue for a core among themselves. Waiting on an env (a sleep) holds no core.
 
 Not modelled (refused, so no prediction silently ignores them): ``actor.refresh_lag``,
 ``learner.max_kl_behavior`` (they depend on the policy's KL), chaos faults.
@@ -212,7 +216,10 @@ def _cpu(env, cpu, seconds: float, priority: int):
     left = seconds
     while left > 1e-12:
         with cpu.request(priority=priority, preempt=priority == 0) as req:
-            yield req
+            try:
+                yield req
+            except simpy.Interrupt:  # preempted after the core was granted, before this process resumed on it
+                continue
             start = env.now
             try:
                 yield env.timeout(left)
@@ -281,19 +288,23 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     inflight = [0] * N  # ray: calls issued to actor i and not yet answered
     answered = [0] * N  # ray: steps of actor i's answered calls (the learner's view of what it produced)
     stopped = [False] * N
+    held = [False] * N  # ray: actor i has no call and the throttle gives it none (as a paused process actor)
     answers = simpy.Store(env) if ray else None
+    learner_priority = 1 if ray else 0  # process actors run at nice 19 (the learner preempts them); Ray workers do not
 
     def issue(i: int) -> None:
         while not stopped[i] and inflight[i] < cfg.runner.max_inflight:
             if max_lead is not None and answered[i] + inflight[i] * per_rollout - credit[i] >= max_lead:
-                return  # (the throttle, as throttle_state counts the calls in flight)
+                held[i] = inflight[i] == 0  # (the throttle, as throttle_state counts the calls in flight)
+                return
             if st["reserved"] + per_rollout > total:
                 if inflight[i] == 0:  # the budget is spent and nothing is owed: the actor is done
-                    stopped[i] = True
+                    stopped[i], held[i] = True, False
                     calls[i].put("stop")
                 return
             st["reserved"] += per_rollout
             inflight[i] += 1
+            held[i] = False
             calls[i].put("call")
 
     def ring() -> None:
@@ -391,11 +402,12 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
                     if q.nonempty in got:  # woken by a finishing actor, not by data
                         q.nonempty = env.event()
                     else:
-                        if st["paused"] + st["done_actors"] == N and stuck[0] == st["produced"]:
+                        paused = st["paused"] + sum(held)
+                        if paused + st["done_actors"] == N and stuck[0] == st["produced"]:
                             # starved twice with every actor paused and nothing produced between: a model bug
                             raise SimError(f"the model is stuck at t={env.now:.3f}s: every actor is paused and "
                                            "the learner has nothing to take")
-                        stuck[0] = st["produced"] if st["paused"] + st["done_actors"] == N else -1
+                        stuck[0] = st["produced"] if paused + st["done_actors"] == N else -1
                         grant = [max(c, x) for c, x in zip(consumed, sent)]
                         if credit != grant:  # starved for poll_s: credit what was taken or handed over (as
                             credit[:] = grant  # starved_credits: refused or evicted data must not hold actors)
@@ -404,7 +416,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             item = q.get()
             ages.append(env.now - item[3])
             t0 = env.now
-            yield from _cpu(env, cpu, costs.fragment_s, 0)
+            yield from _cpu(env, cpu, costs.fragment_s, learner_priority)
             st["learner_busy"] += env.now - t0
             a, steps, behavior, _ = item
             consumed[a] += steps
@@ -417,7 +429,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             if len(staged) < need:
                 continue
             t0 = env.now
-            yield from _cpu(env, cpu, costs.update_s, 0)
+            yield from _cpu(env, cpu, costs.update_s, learner_priority)
             st["learner_busy"] += env.now - t0
             lags.extend(st["version"] - s[2] for s in staged)
             st["trained"] += sum(s[1] for s in staged)
@@ -482,14 +494,16 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     env step's time beyond its configured latency is ``step_wait_s`` for env=latency (a sleep's overshoot holds no
     core) and ``step_cpu_s`` for every other env (the whole step computes). Where the run measured its actor
     processes' CPU (``cpu_s``: process and Ray runners), ``step_cpu_s`` is that CPU besides inference and snapshot
-    loads per env step (env code, sends, polls: what makes many actors contend for cores), taken out of the
-    latency env's ``step_wait_s``. Calibrate on a quiet machine: under
-    load every cost grows."""
+    loads per env step (env code, bookkeeping, sends, polls: what makes many actors contend for cores), and the
+    latency env's ``step_wait_s`` is what its steps took beyond the latency and their own CPU (``env_cpu_s``).
+    Ray runs: each call's round trip to the snapshot board is ``call_s`` (a wait; the decoding CPU is in
+    ``cpu_s``). All runs must be of one runner. Calibrate on a quiet machine: under load every cost grows."""
     import pandas as pd
     import yaml
 
     per: Dict[str, List[float]] = collections.defaultdict(list)
     used = []
+    runners: Dict[str, str] = {}
     for d in map(Path, run_dirs):
         s = json.loads((d / "summary.json").read_text())
         if s.get("status") != "completed":
@@ -504,6 +518,11 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
                            "older laglab): calibrate on a completed run of this version")
         E = int(cfg["actor"]["envs_per_actor"])
         lat = [float(x) for x in (cfg["env"].get("latency_ms") or [])]
+        runner = str((cfg.get("runner") or {}).get("name", ""))
+        runners[str(d)] = runner
+        if len(set(runners.values())) > 1:
+            raise SimError("calibrate on runs of one runner (their costs differ): got " +
+                           ", ".join(f"{k}: {v}" for k, v in runners.items()))
         per["update_s"].append(float(m["learner/compute_s"].median()))
         if "learner/offer_s" in m:  # the learner's time per fragment, plus the receiver thread's (process runner)
             frags = float(s["transport"]["admitted_fragments"])
@@ -518,7 +537,7 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
             env_s = sum(a.get("env_s", 0.0) for a in stats.values())
             fetch = sum(a.get("snapshot_s", 0.0) for a in stats.values())
             cpu = sum(a.get("cpu_s", 0.0) for a in stats.values())
-            runner = str((cfg.get("runner") or {}).get("name", ""))
+            env_cpu = sum(a.get("env_cpu_s", 0.0) for a in stats.values())
             own_process = runner in ("process", "ray")
             if runner == "ray":  # each call asks the board (a Ray round trip) and maybe loads: a wait per call, whose
                 calls = sum(a.get("rollouts", 0) for a in stats.values())  # CPU is in the actor's cpu_s
@@ -528,9 +547,10 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
             # the actors' CPU besides inference and snapshot loads (env code, sends, polls), per env step, where
             # the run measured its actors' processes; else (older runs, in-process runners) the env's time
             step_cpu = max(0.0, cpu - infer - fetch) / steps if cpu > 0 and own_process else None
-            if lat:  # env=latency sleeps: its steps' time beyond the latency and the actor's CPU held no core
+            if lat:  # env=latency sleeps: its steps' time beyond the latency and their own CPU held no core
                 wait = sum(lat[i % len(lat)] / 1000.0 * a.get("steps", 0) for i, a in stats.items())
-                per["step_wait_s"].append(max(0.0, (env_s - wait) / steps - (step_cpu or 0.0)))
+                in_env = env_cpu if env_cpu > 0 else (step_cpu or 0.0) * steps  # (older runs: all of it)
+                per["step_wait_s"].append(max(0.0, (env_s - wait - in_env) / steps))
                 if step_cpu is not None:
                     per["step_cpu_s"].append(step_cpu)
             else:

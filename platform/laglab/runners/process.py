@@ -195,7 +195,8 @@ class _Runner:
                             env_s=r["env_s"], infer_s=r["infer_s"], throttle_s=r["throttle_s"],
                             blocked_s=r["blocked_s"], version=int(r["version"]) if r["loads"] else -1,
                             loads=int(r["loads"]), snapshot_s=r["snapshot_s"], refreshes=int(r["refreshes"]),
-                            discarded_steps=int(r["discarded_steps"]), cpu_s=r["cpu_s"])
+                            discarded_steps=int(r["discarded_steps"]), cpu_s=r["cpu_s"],
+                            env_cpu_s=r["env_cpu_s"])
             s.stats = st
             out[s.actor_id] = st
             timeline.mark_min("first_env_step", r["first_step"])

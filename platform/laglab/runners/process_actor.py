@@ -151,7 +151,7 @@ class _Loop:
     def publish_stats(self) -> None:
         st, c = self.actor.stats, self.ch.counts
         st.cpu_s = time.process_time() - self.cpu0
-        row = dict(cpu_s=st.cpu_s, steps=st.steps, rollouts=st.rollouts, episodes=st.episodes, env_s=st.env_s, infer_s=st.infer_s,
+        row = dict(cpu_s=st.cpu_s, env_cpu_s=st.env_cpu_s, steps=st.steps, rollouts=st.rollouts, episodes=st.episodes, env_s=st.env_s, infer_s=st.infer_s,
                    throttle_s=st.throttle_s, blocked_s=st.blocked_s, version=st.version, loads=st.loads,
                    snapshot_s=st.snapshot_s, refreshes=st.refreshes, discarded_steps=st.discarded_steps,
                    duplicated=c.duplicated, reordered=c.reordered, delayed=c.delayed,
