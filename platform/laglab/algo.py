@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -23,12 +22,13 @@ def backward_scan(deltas: Tensor, coef: Tensor, last: Tensor) -> Tensor:
     T = deltas.shape[0]
     if deltas.device.type == "cpu" and not (deltas.requires_grad or coef.requires_grad or last.requires_grad):
         d, c = deltas.numpy(), coef.numpy()
-        out = np.empty_like(d)
+        res = torch.empty_like(deltas)  # (a tensor torch made, written through its numpy view)
+        out = res.numpy()
         acc = last.numpy()
         for t in range(T - 1, -1, -1):
             acc = d[t] + c[t] * acc
             out[t] = acc
-        return torch.from_numpy(out)
+        return res
     out = torch.zeros_like(deltas)
     acc = last
     for t in range(T - 1, -1, -1):
