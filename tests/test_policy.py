@@ -82,3 +82,27 @@ def test_snapshot_round_trips_into_a_model():
     Snapshot.make(0, a, np.zeros(5), np.ones(5)).load_into(b)
     for (ka, va), (kb, vb) in zip(a.state_dict().items(), b.state_dict().items()):
         assert ka == kb and torch.equal(va, vb)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_host_tanh_is_tanh_with_its_gradient(dtype):
+    """The CPU tanh (numpy's, written into a tensor torch allocates) against torch.tanh: values within an ulp,
+    gradients (first and through a strided input) the same function, double-checked by finite differences."""
+    from laglab.policy import Tanh
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(300, 40, generator=g, dtype=dtype) * 3)[:, ::2]  # (not contiguous)
+    x.requires_grad_(True)
+    w = torch.randn(x.shape, generator=g, dtype=dtype)
+    y = Tanh()(x)
+    assert y.dtype == dtype and y.shape == x.shape and y.grad_fn is not None
+    ref = torch.tanh(x)
+    tol = 2 * torch.finfo(dtype).eps
+    assert float((y - ref).abs().max()) <= tol
+    (gx,) = torch.autograd.grad((y * w).sum(), x)
+    (gr,) = torch.autograd.grad((ref * w).sum(), x)
+    assert float((gx - gr).abs().max()) <= 4 * tol * float(w.abs().max())
+    xd = torch.randn(5, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    assert torch.autograd.gradcheck(Tanh(), (xd,))
+    with torch.no_grad():
+        assert float((Tanh()(x) - ref).abs().max()) <= tol
