@@ -339,3 +339,34 @@ def test_an_actors_cpu_is_its_whole_process_since_its_loop_started(monkeypatch):
     w.actor, w.cpu0 = types.SimpleNamespace(stats=ActorStats(cpu_s=0.25)), 2.0
     clock["cpu"] = 6.0
     assert w._stats()["cpu_s"] == pytest.approx(4.0)
+
+
+def test_every_actor_stat_crosses_the_status_block(tmp_path):
+    # an actor process publishes its ActorStats into its status row; the learner reads them back: every field,
+    # with its value and type (a field added to ActorStats and not to the status block fails here)
+    import dataclasses
+    import types
+
+    from laglab.actor import ActorStats
+    from laglab.chaos import ChaosCounts
+    from laglab.runners import process, process_actor
+    from laglab.shm import StatusBlock, segment_name, new_token
+
+    block = StatusBlock(2, segment_name(new_token(), "status"), True)
+    try:
+        values = {f.name: type(f.default)(i + 3) for i, f in enumerate(dataclasses.fields(ActorStats))}
+        loop = object.__new__(process_actor._Loop)
+        loop.actor = types.SimpleNamespace(stats=ActorStats(**values), first_step_t=None)
+        loop.ch = types.SimpleNamespace(counts=ChaosCounts())
+        loop.status, loop.actor_id, loop.cpu0 = block, 1, time.process_time() + 1e6  # (cpu_s is measured: negative)
+        loop.publish_stats()
+        runner = object.__new__(process._Runner)
+        runner.status, runner.slots = block, [types.SimpleNamespace(actor_id=1, stats=None)]
+        got = runner.actor_stats()[1]
+        for f in dataclasses.fields(ActorStats):
+            want = loop.actor.stats.cpu_s if f.name == "cpu_s" else values[f.name]
+            assert getattr(got, f.name) == pytest.approx(want) and type(getattr(got, f.name)) is type(f.default), f.name
+        block.set(1, loads=0)
+        assert runner.actor_stats()[1].version == -1  # (no snapshot loaded yet)
+    finally:
+        block.close(True)

@@ -327,6 +327,16 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
                 yield env.timeout(w)
         st["produced"] += per_rollout
 
+    def refresh(version: int):
+        """An actor's snapshot before a rollout: the newest, loaded (at its CPU cost) when it has none yet or it
+        lags the newest by more than ``actor.sync_min_lag`` versions; the version it acts with."""
+        newest = published[0]
+        if newest != version and (version < 0 or newest - version > cfg.actor.sync_min_lag):
+            yield from _cpu(env, cpu, costs.fetch_s, 1)
+            st["fetches"] += 1
+            return newest
+        return version
+
     def ray_actor(i: int):
         version = -1
         while True:
@@ -337,11 +347,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
                 break
             if costs.call_s > 0:
                 yield env.timeout(costs.call_s)  # (asking the board: the newest version as the answer arrives)
-            newest = published[0]
-            if version < 0 or (newest - version > cfg.actor.sync_min_lag and newest != version):
-                yield from _cpu(env, cpu, costs.fetch_s, 1)
-                st["fetches"] += 1
-                version = newest
+            version = yield from refresh(version)
             yield from collect(i)
             yield from _cpu(env, cpu, E * costs.send_s, 1)
             yield answers.put((i, version, env.now))
@@ -363,12 +369,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     def actor(i: int):
         version, produced = -1, 0
         while True:
-            newest = published[0]
-            if version < 0 or newest - version > cfg.actor.sync_min_lag:
-                if newest != version:
-                    yield from _cpu(env, cpu, costs.fetch_s, 1)
-                    st["fetches"] += 1
-                    version = newest
+            version = yield from refresh(version)
             if max_lead is not None and produced - credit[i] >= max_lead and st["reserved"] + per_rollout <= total:
                 t0 = env.now
                 st["paused"] += 1

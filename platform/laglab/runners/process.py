@@ -14,6 +14,7 @@ fails before it starts fails the run at once with the child's error.
 """
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import os
 import signal
@@ -191,12 +192,9 @@ class _Runner:
         out = {}
         for s in self.slots:
             r = self.status.row(s.actor_id)
-            st = ActorStats(steps=int(r["steps"]), rollouts=int(r["rollouts"]), episodes=int(r["episodes"]),
-                            env_s=r["env_s"], infer_s=r["infer_s"], throttle_s=r["throttle_s"],
-                            blocked_s=r["blocked_s"], version=int(r["version"]) if r["loads"] else -1,
-                            loads=int(r["loads"]), snapshot_s=r["snapshot_s"], refreshes=int(r["refreshes"]),
-                            discarded_steps=int(r["discarded_steps"]), cpu_s=r["cpu_s"],
-                            env_cpu_s=r["env_cpu_s"])
+            st = ActorStats(**{f.name: type(f.default)(r[f.name]) for f in dataclasses.fields(ActorStats)})
+            if not st.loads:
+                st.version = -1
             s.stats = st
             out[s.actor_id] = st
             timeline.mark_min("first_env_step", r["first_step"])

@@ -4,6 +4,8 @@ fixed-layout header goes down its pipe. Chaos runs here too: a scripted kill is 
 process, a scripted hang stops its heartbeat until the supervisor kills it."""
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import signal
 import sys
@@ -151,12 +153,9 @@ class _Loop:
     def publish_stats(self) -> None:
         st, c = self.actor.stats, self.ch.counts
         st.cpu_s = time.process_time() - self.cpu0
-        row = dict(cpu_s=st.cpu_s, env_cpu_s=st.env_cpu_s, steps=st.steps, rollouts=st.rollouts, episodes=st.episodes, env_s=st.env_s, infer_s=st.infer_s,
-                   throttle_s=st.throttle_s, blocked_s=st.blocked_s, version=st.version, loads=st.loads,
-                   snapshot_s=st.snapshot_s, refreshes=st.refreshes, discarded_steps=st.discarded_steps,
-                   duplicated=c.duplicated, reordered=c.reordered, delayed=c.delayed,
-                   dropped_steps=c.dropped_steps, kills=c.kills, hangs=c.hangs,
-                   first_step=self.actor.first_step_t or 0.0)
+        row = dataclasses.asdict(st)  # (every ActorStats field has its column in the status block)
+        row.update(duplicated=c.duplicated, reordered=c.reordered, delayed=c.delayed, dropped_steps=c.dropped_steps,
+                   kills=c.kills, hangs=c.hangs, first_step=self.actor.first_step_t or 0.0)
         for k in COUNTED:
             row[f"corrupted_{k}"] = c.corrupted.get(k, 0)
             row[f"corrupted_steps_{k}"] = c.corrupted_steps.get(k, 0)
