@@ -279,7 +279,9 @@ def test_truncated_bptt_and_burn_in_match_the_slow_reference(burn_in):
     np.testing.assert_array_equal(cut.numpy(), want_cut)
     if burn_in:  # (the cases are hit: a burn-in cut short by an episode end, and a whole one)
         assert want_cut.any() and (~want[:, ~want_cut & heads]).any()
-    [(idx, logp, ent, v, prox)] = list(learner._minibatches(b, init, keep, False, cut))
+    pos = {"pos": torch.arange(b.T * b.N)}  # (each row's flat position: which rows the minibatch took)
+    [(rows, logp, ent, v, prox)] = list(learner._minibatches(b, init, keep, False, cut, None, pos))
+    idx = rows["pos"]
     ref_logp, ref_v, ref_pos = slow_minibatch(learner, frags, init, keep.numpy(), want_cut)
     order = torch.argsort(idx)
     assert torch.equal(idx[order], ref_pos) and prox is None
@@ -433,7 +435,9 @@ def test_the_ewma_proximal_policy_runs_along_the_chains_from_its_own_states():
     joined = chain_heights(b.succ) > 0
     assert not torch.allclose(prox_init[joined], extras["init"][joined], atol=1e-4)
     keep = torch.ones((b.T, b.N), dtype=torch.bool)
-    [(idx, _, _, _, prox)] = list(learner._minibatches(b, extras["init"], keep, True, None, prox_init))
+    pos = {"pos": torch.arange(b.T * b.N)}
+    [(rows, _, _, _, prox)] = list(learner._minibatches(b, extras["init"], keep, True, None, prox_init, pos))
+    idx = rows["pos"]
     ref = slow_minibatch(learner, frags, prox_init, keep.numpy(), model=learner.prox_model)[0]
     torch.testing.assert_close(prox[torch.argsort(idx)], ref.detach(), atol=1e-5, rtol=1e-5)
     learner.update(frags)  # (and an update runs with it)

@@ -478,19 +478,21 @@ class Learner:
                 extras["prox_init"] = self._recurrent_pass(b, self.prox_model)[4]
         for _ in range(lc.epochs):
             kl_epoch = []
-            for idx, logp, ent, v, prox in self._minibatches(b, init, keep, decoupled, cut, extras.get("prox_init")):
-                a = b_adv[idx]
-                if loss_cfg.norm_adv and len(idx) > 1:
+            flat = {"adv": b_adv, "ret": b_ret, "old": b_old, "start": b_start}
+            for rows, logp, ent, v, prox in self._minibatches(b, init, keep, decoupled, cut, extras.get("prox_init"),
+                                                              flat):
+                a = rows["adv"]
+                if loss_cfg.norm_adv and len(a) > 1:
                     a = (a - a.mean()) / (a.std() + 1e-8)
                 if decoupled:
                     if prox is None:
-                        prox = b_start[idx]
-                    info = algo.decoupled_loss(logp, prox, b_old[idx], a, loss_cfg.clip_eps, loss_cfg.is_cap, dual_c)
+                        prox = rows["start"]
+                    info = algo.decoupled_loss(logp, prox, rows["old"], a, loss_cfg.clip_eps, loss_cfg.is_cap, dual_c)
                 elif dual_c is not None:
-                    info = algo.dual_clip_loss(logp, b_old[idx], a, loss_cfg.clip_eps, dual_c)
+                    info = algo.dual_clip_loss(logp, rows["old"], a, loss_cfg.clip_eps, dual_c)
                 else:
-                    info = algo.ppo_clip_loss(logp, b_old[idx], a, loss_cfg.clip_eps)
-                v_loss = 0.5 * ((v - b_ret[idx]) ** 2).mean()
+                    info = algo.ppo_clip_loss(logp, rows["old"], a, loss_cfg.clip_eps)
+                v_loss = 0.5 * ((v - rows["ret"]) ** 2).mean()
                 ent_m = ent.mean()
                 loss = info.loss - loss_cfg.ent_coef * ent_m + loss_cfg.vf_coef * v_loss
                 self.opt.zero_grad(set_to_none=True)
@@ -500,7 +502,7 @@ class Learner:
                 if self.prox_model is not None:
                     self._ewma_step()
                 with torch.no_grad():  # how far this update moved the policy (staleness is lag/kl_behavior)
-                    kl = scalar(algo.approx_kl_k3(logp, b_start[idx]))
+                    kl = scalar(algo.approx_kl_k3(logp, rows["start"]))
                 kl_epoch.append(kl)
                 sums["policy_loss"] += scalar(info.loss)
                 sums["value_loss"] += scalar(v_loss)
@@ -563,27 +565,34 @@ class Learner:
         return m
 
     def _minibatches(self, b: "Batch", init: Optional[torch.Tensor], keep: Optional[torch.Tensor], decoupled: bool,
-                     cut: Optional[torch.Tensor] = None, prox_init: Optional[torch.Tensor] = None):
-        """One epoch's minibatches: (flat positions in [T*N], log-probs, entropies, values — with gradients — and the
-        EWMA proximal log-probs or None). Feed-forward: ``learner.minibatches`` random sets of transitions.
-        Recurrent: random sets of whole segments (fragments), each unrolled from its initial state in ``init`` with
-        gradients through the segment (truncated BPTT), the positions ``keep`` leaves out (burn-in) dropped."""
+                     cut: Optional[torch.Tensor] = None, prox_init: Optional[torch.Tensor] = None,
+                     flat: Optional[Dict[str, torch.Tensor]] = None):
+        """One epoch's minibatches: (the minibatch's rows of each of ``flat``'s per-transition tensors [T*N], log-probs,
+        entropies, values — with gradients — and the EWMA proximal log-probs or None). Feed-forward:
+        ``learner.minibatches`` random sets of transitions (every tensor is permuted once per epoch, each minibatch
+        a slice of it). Recurrent: random sets of whole segments (fragments), each unrolled from its initial state
+        in ``init`` with gradients through the segment (truncated BPTT), the positions ``keep`` leaves out
+        (burn-in) dropped."""
         lc = self.cfg.learner
         obs, actions, masks = b.obs, b.actions, b.masks
+        flat = flat or {}
         ewma = decoupled and self.prox_model is not None
         if init is None:
             B = b.T * b.N
             mb = B // lc.minibatches
-            perm = self._dev(torch.randperm(B, generator=self.gen, device="cpu"))
+            perm = self._dev(torch.randperm(B, generator=self.gen, device="cpu"))[:mb * lc.minibatches]
+            obs, actions = obs[perm], actions[perm]
+            masks = None if masks is None else masks[perm]
+            flat = {k: t[perm] for k, t in flat.items()}
             for k in range(lc.minibatches):
-                idx = perm[k * mb:(k + 1) * mb]
-                m_idx = None if masks is None else masks[idx]
-                logp, ent = self.model.logp_entropy(obs[idx], actions[idx], m_idx)
+                sl = slice(k * mb, (k + 1) * mb)
+                m_k = None if masks is None else masks[sl]
+                logp, ent = self.model.logp_entropy(obs[sl], actions[sl], m_k)
                 prox = None
                 if ewma:
                     with torch.no_grad():
-                        prox = self.prox_model.logp_entropy(obs[idx], actions[idx], m_idx)[0]
-                yield idx, logp, ent, self.model.value(obs[idx]), prox
+                        prox = self.prox_model.logp_entropy(obs[sl], actions[sl], m_k)[0]
+                yield {k2: t[sl] for k2, t in flat.items()}, logp, ent, self.model.value(obs[sl]), prox
             return
         steps = torch.arange(b.T, device=self.device).view(-1, 1) * b.N
         for cols in torch.tensor_split(self._dev(torch.randperm(b.N, generator=self.gen, device="cpu")), lc.minibatches):
@@ -599,7 +608,7 @@ class Learner:
                 with torch.no_grad():
                     prox = self.prox_model.logp_entropy_of(self._unroll(self.prox_model, b, prox_init, cols)[0][k],
                                                            actions[idx], m_idx)[0]
-            yield idx, logp, ent, self.model.value_of(h), prox
+            yield {k2: t[idx] for k2, t in flat.items()}, logp, ent, self.model.value_of(h), prox
 
     def _adapt_lr(self, kl: float) -> None:
         """``lr_schedule=kl_adaptive``: Sample Factory's rule (its ``kl_adaptive_epoch``), once per update, for the
