@@ -86,16 +86,17 @@ def test_snapshot_round_trips_into_a_model():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_host_tanh_is_tanh_with_its_gradient(dtype):
-    """The CPU tanh (numpy's, written into a tensor torch allocates) against torch.tanh: values within an ulp,
-    gradients (first and through a strided input) the same function, double-checked by finite differences."""
-    from laglab.policy import Tanh
+    """The CPU tanh (numpy's, written into a tensor torch allocates; from Tanh.HOST_MIN elements) against
+    torch.tanh: values within an ulp, gradients (through a strided input) the same function, and gradcheck."""
+    from laglab.policy import Tanh, _HostTanh
 
     g = torch.Generator().manual_seed(0)
-    x = (torch.randn(300, 40, generator=g, dtype=dtype) * 3)[:, ::2]  # (not contiguous)
+    x = (torch.randn(300, 80, generator=g, dtype=dtype) * 3)[:, ::2]  # (not contiguous)
+    assert x.numel() >= Tanh.HOST_MIN
     x.requires_grad_(True)
     w = torch.randn(x.shape, generator=g, dtype=dtype)
     y = Tanh()(x)
-    assert y.dtype == dtype and y.shape == x.shape and y.grad_fn is not None
+    assert y.dtype == dtype and y.shape == x.shape and type(y.grad_fn).__name__ == "_HostTanhBackward"
     ref = torch.tanh(x)
     tol = 2 * torch.finfo(dtype).eps
     assert float((y - ref).abs().max()) <= tol
@@ -103,6 +104,8 @@ def test_host_tanh_is_tanh_with_its_gradient(dtype):
     (gr,) = torch.autograd.grad((ref * w).sum(), x)
     assert float((gx - gr).abs().max()) <= 4 * tol * float(w.abs().max())
     xd = torch.randn(5, 3, dtype=torch.float64, generator=g, requires_grad=True)
-    assert torch.autograd.gradcheck(Tanh(), (xd,))
+    assert torch.autograd.gradcheck(_HostTanh.apply, (xd,))
     with torch.no_grad():
         assert float((Tanh()(x) - ref).abs().max()) <= tol
+    small = torch.randn(4, 3, dtype=dtype, requires_grad=True)  # (below HOST_MIN: torch's own)
+    assert torch.equal(Tanh()(small), torch.tanh(small))

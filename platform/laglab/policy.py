@@ -36,10 +36,13 @@ class _HostTanh(torch.autograd.Function):
 
 
 class Tanh(nn.Module):
-    """``nn.Tanh``, by numpy on the CPU (see :class:`_HostTanh`), by torch on any other device."""
+    """``nn.Tanh``, by numpy on the CPU from ``HOST_MIN`` elements (see :class:`_HostTanh`; below that the Python
+    function's own cost outweighs the gain: HalfCheetah's [64, 64] minibatches ran 5% slower), else by torch."""
+
+    HOST_MIN = 8192
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
+        if x.device.type == "cpu" and x.numel() >= self.HOST_MIN and x.dtype in (torch.float32, torch.float64):
             return _HostTanh.apply(x)
         return torch.tanh(x)
 
