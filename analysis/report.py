@@ -303,6 +303,32 @@ def costs_view(res: Result) -> pd.DataFrame:
     return out
 
 
+SHOWN_PATHS = 8
+
+
+def shown_command(command: str) -> str:
+    """The report's command as its page shows it: with more than ``SHOWN_PATHS`` run dirs, the dirs become one
+    phrase naming how many and the folders they are in (the full command stays in report.json)."""
+    try:
+        argv = shlex.split(command)
+    except ValueError:
+        return command
+    if "analysis.report" not in argv:
+        return command
+    i = argv.index("analysis.report") + 1
+    j = i
+    while j < len(argv) and not argv[j].startswith("--"):
+        j += 1
+    paths = argv[i:j]
+    if len(paths) <= SHOWN_PATHS:
+        return command
+    parents = sorted({str(Path(p).parent) for p in paths})
+    where = ", ".join(parents[:SHOWN_PATHS]) + (f" and {len(parents) - SHOWN_PATHS} more" if len(parents) > SHOWN_PATHS else "")
+    phrase = f"<{len(paths)} run or sweep dirs in {where}; all in report.json>"
+    return " ".join(shlex.quote(a) for a in argv[:i]) + " " + phrase + (
+        " " + " ".join(shlex.quote(a) for a in argv[j:]) if j < len(argv) else "")
+
+
 def recovery_view(res: Result) -> pd.DataFrame:
     """One row per (method, treatment level): the reference's cost there, the method's gain over the reference,
     the method against the reference's baseline, and the fraction of the cost it recovers, each [95% CI]."""
@@ -458,7 +484,8 @@ def write(res: Result, out: Path, opts: Options, figs: Dict[str, Path]) -> None:
         ("Runs", runs_view, "wide"),
     ]
     sections = [x for x in sections if x is not None]
-    md = ["# laglab report\n", f"Built with: `{opts.command}`  \nRegenerate from this dir: `{regen}`\n", intro + "\n"]
+    built = shown_command(opts.command)
+    md = ["# laglab report\n", f"Built with: `{built}`  \nRegenerate from this dir: `{regen}`\n", intro + "\n"]
     md += [f"> **warning:** {w}\n" for w in res.warnings] + [f"> note: {n}\n" for n in res.notes]
     for title, df, _ in sections:
         md.append(f"## {title}\n")
@@ -467,7 +494,7 @@ def write(res: Result, out: Path, opts: Options, figs: Dict[str, Path]) -> None:
         else:
             md.append(_md_table(df) + "\n")
     (out / "report.md").write_text("\n".join(md))
-    body = [f"<h1>laglab report</h1><p>Built with: <code>{html.escape(opts.command)}</code><br>Regenerate from this "
+    body = [f"<h1>laglab report</h1><p>Built with: <code>{html.escape(built)}</code><br>Regenerate from this "
             f"dir: <code>{html.escape(regen)}</code></p><p>{html.escape(intro)}</p>"]
     body += [f'<p class="warn"><b>warning:</b> {html.escape(w)}</p>' for w in res.warnings]
     body += [f'<p class="note">note: {html.escape(n)}</p>' for n in res.notes]

@@ -670,3 +670,17 @@ def test_no_fraction_of_a_cost_the_reference_does_not_pay(tmp_path):
     r = pd.read_csv(tmp_path / "r" / "recovery.csv").iloc[0]
     assert np.isnan(r["recovered"]) and r["interval"].startswith("undefined") and r["gain"] == pytest.approx(52)  # (IQMs: -249 - -301)
     assert "no fraction of it is reported there" in p.stderr
+
+
+def test_a_long_report_command_is_shown_short_and_kept_whole():
+    # a report built from many run dirs names how many and where on its page (the full command is in report.json)
+    from analysis.report import SHOWN_PATHS, shown_command
+
+    few = "python -m analysis.report /r/a/1 /r/b/2 --out rep --baseline cfg.actor.fixed_lag=0"
+    assert shown_command(few) == few
+    dirs = [f"/runs/{'sel' if i % 2 else 'held'}/{i}_seed-{i}" for i in range(SHOWN_PATHS + 3)]
+    many = "python -m analysis.report " + " ".join(dirs) + " --out rep --select cfg.learner.lr"
+    shown = shown_command(many)
+    assert shown == (f"python -m analysis.report <{SHOWN_PATHS + 3} run or sweep dirs in /runs/held, /runs/sel; all in "
+                     "report.json> --out rep --select cfg.learner.lr")
+    assert shown_command("python -m analysis.report reports/x") == "python -m analysis.report reports/x"
