@@ -205,3 +205,27 @@ def test_targets_with_truncations_and_stale_data_match_the_slow_recursions(estim
     want_adv, want_ret = _slow_targets(learner, frags, estimator)
     np.testing.assert_allclose(adv.numpy(), want_adv, atol=1e-4)
     np.testing.assert_allclose(ret.numpy(), want_ret, atol=1e-4)
+
+
+def test_a_feed_forward_epoch_takes_each_row_once_with_its_own_data():
+    # each minibatch's rows of the per-transition tensors belong to the observations it was evaluated on: the
+    # log-probs, entropies and values it yields are those of its rows, and an epoch covers B // mb * mb rows once
+    batch = 12
+    cfg = cfg_of(actor={"envs_per_actor": 2, "rollout_len": 6}, learner={"batch_size": batch, "minibatches": 4, "epochs": 1})
+    learner = Learner(cfg, env_spec(cfg))
+    frags = [make_frag(0, [1.0] * (batch // 2), [False] * (batch // 2), [False] * (batch // 2), seed=s)
+             for s in (0, 7)]
+    b = learner._batch(frags)
+    B = b.T * b.N
+    pos = {"pos": torch.arange(B), "twice": torch.arange(B) * 2.0}
+    seen = []
+    for rows, logp, ent, v, prox in learner._minibatches(b, None, None, False, None, None, pos):
+        idx = rows["pos"]
+        assert torch.equal(rows["twice"], idx * 2.0) and prox is None
+        with torch.no_grad():
+            ref_logp, ref_ent = learner.model.logp_entropy(b.obs[idx], b.actions[idx])
+            assert torch.equal(logp, ref_logp) and torch.equal(ent, ref_ent)
+            assert torch.equal(v, learner.model.value(b.obs[idx]))
+        seen += idx.tolist()
+    mb = B // cfg.learner.minibatches
+    assert len(seen) == len(set(seen)) == mb * cfg.learner.minibatches

@@ -86,16 +86,15 @@ def test_snapshot_round_trips_into_a_model():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_host_tanh_is_tanh_with_its_gradient(dtype):
-    """The CPU tanh (numpy's, written into a tensor torch allocates; from Tanh.HOST_MIN elements) against
-    torch.tanh: values within an ulp, gradients (through a strided input) the same function, and gradcheck."""
+    """The CPU tanh (numpy's, written into a tensor torch allocates) against torch.tanh: values within an ulp,
+    gradients (through a strided input) the same function, and gradcheck; without ``host``, torch's own."""
     from laglab.policy import Tanh, _HostTanh
 
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(300, 80, generator=g, dtype=dtype) * 3)[:, ::2]  # (not contiguous)
-    assert x.numel() >= Tanh.HOST_MIN
     x.requires_grad_(True)
     w = torch.randn(x.shape, generator=g, dtype=dtype)
-    y = Tanh()(x)
+    y = Tanh(host=True)(x)
     assert y.dtype == dtype and y.shape == x.shape and type(y.grad_fn).__name__ == "_HostTanhBackward"
     ref = torch.tanh(x)
     tol = 2 * torch.finfo(dtype).eps
@@ -106,6 +105,28 @@ def test_host_tanh_is_tanh_with_its_gradient(dtype):
     xd = torch.randn(5, 3, dtype=torch.float64, generator=g, requires_grad=True)
     assert torch.autograd.gradcheck(_HostTanh.apply, (xd,))
     with torch.no_grad():
-        assert float((Tanh()(x) - ref).abs().max()) <= tol
-    small = torch.randn(4, 3, dtype=dtype, requires_grad=True)  # (below HOST_MIN: torch's own)
-    assert torch.equal(Tanh()(small), torch.tanh(small))
+        assert float((Tanh(host=True)(x) - ref).abs().max()) <= tol
+    assert torch.equal(Tanh()(x), ref)
+
+
+def test_the_learners_tanh_is_chosen_per_run_and_a_row_does_not_depend_on_its_batch():
+    # numpy's tanh where a minibatch's narrowest layer holds >= Tanh.HOST_MIN values (CartPole's default: 256 x 64),
+    # torch's below (HalfCheetah's 64 x 64), one choice for the whole model: the full-batch pass of the update and
+    # its minibatches then compute every row bit for bit alike
+    from laglab.learner import build_model, host_tanh
+    from laglab.policy import Tanh
+    from laglab.preflight import compose
+
+    cart, cheetah = compose([]), compose(["env=pendulum"])
+    assert host_tanh(cart) and not host_tanh(cheetah)
+    assert not host_tanh(compose(["policy.activation=relu"]))
+    for cfg, host in ((cart, True), (cheetah, False)):
+        model = build_model(cfg, DISCRETE)
+        assert {m.host for m in model.modules() if isinstance(m, Tanh)} == {host}
+    torch.manual_seed(0)
+    model = build_model(cart, DISCRETE)
+    obs = torch.from_numpy(_obs(DISCRETE, n=2048))
+    with torch.no_grad():
+        full = model.value(obs)
+        part = model.value(obs[:64])
+    assert torch.equal(full[:64], part)

@@ -27,7 +27,7 @@ from .config import Config, ConfigError, Estimator, LossKind, LrSchedule, Prox
 from .optim import Adam, clip_grad_norm
 from .envs import EnvSpec, RunningMeanStd, normalize
 from .fragment import Fragment, chain_depths, successors
-from .policy import ActorCritic, RecurrentActorCritic, Snapshot
+from .policy import ActorCritic, RecurrentActorCritic, Snapshot, Tanh
 from .tagged import audit_batch
 
 
@@ -45,11 +45,21 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def host_tanh(cfg: Config) -> bool:
+    """Whether the learner's tanh layers run on numpy (:class:`laglab.policy.Tanh`): where a minibatch's narrowest
+    layer holds at least ``Tanh.HOST_MIN`` values (CartPole's 256 x 64: yes; HalfCheetah's 64 x 64: no)."""
+    lc = cfg.learner
+    widths = list(cfg.policy.hidden_sizes) or [int(cfg.policy.hidden or 0)]
+    return cfg.policy.activation == "tanh" and (lc.batch_size // max(lc.minibatches, 1)) * min(widths) >= Tanh.HOST_MIN
+
+
 def build_model(cfg: Config, spec: EnvSpec):
     p = cfg.policy
+    host = host_tanh(cfg)
     if p.recurrent != "none":
-        return RecurrentActorCritic(spec, p.hidden_sizes, p.activation, p.log_std_init, p.recurrent, p.hidden)
-    return ActorCritic(spec, p.hidden_sizes, p.activation, p.log_std_init)
+        return RecurrentActorCritic(spec, p.hidden_sizes, p.activation, p.log_std_init, p.recurrent, p.hidden,
+                                    host_tanh=host)
+    return ActorCritic(spec, p.hidden_sizes, p.activation, p.log_std_init, host_tanh=host)
 
 
 # fingerprint keys older checkpoints lack, with the value they had then

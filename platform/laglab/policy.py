@@ -36,13 +36,20 @@ class _HostTanh(torch.autograd.Function):
 
 
 class Tanh(nn.Module):
-    """``nn.Tanh``, by numpy on the CPU from ``HOST_MIN`` elements (see :class:`_HostTanh`; below that the Python
-    function's own cost outweighs the gain: HalfCheetah's [64, 64] minibatches ran 5% slower), else by torch."""
+    """``nn.Tanh``; with ``host``, by numpy on the CPU (see :class:`_HostTanh`). Chosen once per model, not per
+    tensor, so a row's activations do not depend on the size of the batch it is computed in: the learner's
+    full-batch pass and its minibatches agree bit for bit (:func:`laglab.learner.build_model` turns ``host`` on
+    where a minibatch is large enough to gain: below ~8192 values per layer the Python function's own cost
+    outweighs it, HalfCheetah's [64, 64] minibatches ran 5% slower)."""
 
     HOST_MIN = 8192
 
+    def __init__(self, host: bool = False):
+        super().__init__()
+        self.host = bool(host)
+
     def forward(self, x: Tensor) -> Tensor:
-        if x.device.type == "cpu" and x.numel() >= self.HOST_MIN and x.dtype in (torch.float32, torch.float64):
+        if self.host and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
             return _HostTanh.apply(x)
         return torch.tanh(x)
 
@@ -50,7 +57,11 @@ class Tanh(nn.Module):
 _ACT = {"tanh": Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 
 
-def _mlp(sizes: Sequence[int], activation: str, out_gain: float) -> nn.Sequential:
+def _act(activation: str, host_tanh: bool) -> nn.Module:
+    return Tanh(host_tanh) if activation == "tanh" else _ACT[activation]()
+
+
+def _mlp(sizes: Sequence[int], activation: str, out_gain: float, host_tanh: bool = False) -> nn.Sequential:
     layers = []
     for i in range(len(sizes) - 1):
         lin = nn.Linear(sizes[i], sizes[i + 1])
@@ -59,7 +70,7 @@ def _mlp(sizes: Sequence[int], activation: str, out_gain: float) -> nn.Sequentia
         nn.init.zeros_(lin.bias)
         layers.append(lin)
         if not last:
-            layers.append(_ACT[activation]())
+            layers.append(_act(activation, host_tanh))
     return nn.Sequential(*layers)
 
 
@@ -68,13 +79,13 @@ class ActorCritic(nn.Module):
     clamped to [LOG_STD_MIN, LOG_STD_MAX] wherever it is used."""
 
     def __init__(self, spec: EnvSpec, hidden_sizes: Sequence[int] = (64, 64), activation: str = "tanh",
-                 log_std_init: float = 0.0):
+                 log_std_init: float = 0.0, host_tanh: bool = False):
         super().__init__()
         self.spec = spec
         obs_dim = int(np.prod(spec.obs_shape))
         hidden = list(hidden_sizes)
-        self.pi = _mlp([obs_dim] + hidden + [spec.n_actions], activation, 0.01)
-        self.v = _mlp([obs_dim] + hidden + [1], activation, 1.0)
+        self.pi = _mlp([obs_dim] + hidden + [spec.n_actions], activation, 0.01, host_tanh)
+        self.v = _mlp([obs_dim] + hidden + [1], activation, 1.0, host_tanh)
         self.discrete = spec.discrete
         if not spec.discrete:
             self.log_std = nn.Parameter(torch.full((spec.n_actions,), float(log_std_init)))
@@ -107,7 +118,7 @@ class RecurrentActorCritic(nn.Module):
     multi-step kernel (``nn.GRU`` / ``nn.LSTM``), in pieces between episode ends."""
 
     def __init__(self, spec: EnvSpec, hidden_sizes: Sequence[int] = (64,), activation: str = "tanh",
-                 log_std_init: float = 0.0, kind: str = "gru", hidden: int = 64):
+                 log_std_init: float = 0.0, kind: str = "gru", hidden: int = 64, host_tanh: bool = False):
         super().__init__()
         self.spec = spec
         self.kind = kind
@@ -119,7 +130,7 @@ class RecurrentActorCritic(nn.Module):
             lin = nn.Linear(sizes[i], sizes[i + 1])
             nn.init.orthogonal_(lin.weight, math.sqrt(2.0))
             nn.init.zeros_(lin.bias)
-            layers += [lin, _ACT[activation]()]
+            layers += [lin, _act(activation, host_tanh)]
         self.enc = nn.Sequential(*layers)
         self.core = (nn.GRU if kind == "gru" else nn.LSTM)(sizes[-1], self.hidden)
         for name, w in self.core.named_parameters():
