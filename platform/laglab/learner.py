@@ -48,9 +48,9 @@ def resolve_device(name: str) -> torch.device:
 def host_tanh(cfg: Config) -> bool:
     """Whether the learner's tanh layers run on numpy (:class:`laglab.policy.Tanh`): where a minibatch's narrowest
     layer holds at least ``Tanh.HOST_MIN`` values (CartPole's 256 x 64: yes; HalfCheetah's 64 x 64: no)."""
-    lc = cfg.learner
-    widths = list(cfg.policy.hidden_sizes) or [int(cfg.policy.hidden or 0)]
-    return cfg.policy.activation == "tanh" and (lc.batch_size // max(lc.minibatches, 1)) * min(widths) >= Tanh.HOST_MIN
+    lc = cfg.learner  # (the tanh layers are the hidden_sizes ones, the recurrent encoder's included)
+    return (cfg.policy.activation == "tanh"
+            and lc.batch_size // lc.minibatches * min(cfg.policy.hidden_sizes, default=0) >= Tanh.HOST_MIN)
 
 
 def build_model(cfg: Config, spec: EnvSpec):

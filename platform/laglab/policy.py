@@ -54,11 +54,8 @@ class Tanh(nn.Module):
         return torch.tanh(x)
 
 
-_ACT = {"tanh": Tanh, "relu": nn.ReLU, "elu": nn.ELU}
-
-
 def _act(activation: str, host_tanh: bool) -> nn.Module:
-    return Tanh(host_tanh) if activation == "tanh" else _ACT[activation]()
+    return Tanh(host_tanh) if activation == "tanh" else {"relu": nn.ReLU, "elu": nn.ELU}[activation]()
 
 
 def _mlp(sizes: Sequence[int], activation: str, out_gain: float, host_tanh: bool = False) -> nn.Sequential:
