@@ -12,6 +12,7 @@ the lock on their life file (:class:`RunLife`). Nothing else is named: the runne
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import os
 import secrets
@@ -22,6 +23,8 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .actor import ActorStats
+from .chaos import COUNTED
 from .envs import EnvSpec
 from .fragment import Fragment, FragmentId
 from .lifetime import start_resource_tracker
@@ -330,12 +333,11 @@ class StatusBlock:
     """One float64 row per actor slot, written by that actor's process only: heartbeat, stats, chaos counts.
     Read by the learner for per-actor stats and liveness; chaos counts are read once the process is gone."""
 
-    FIELDS = ("beat", "steps", "rollouts", "episodes", "env_s", "infer_s", "throttle_s", "blocked_s", "version",
-              "loads", "snapshot_s", "refreshes", "discarded_steps", "cpu_s", "env_cpu_s", "incarnation", "torch_loaded", "first_step",
+    # the learner rebuilds an ActorStats from a row (runners/process.py), so its fields are taken from the class;
+    # then what only the process runner keeps: liveness, start-up, and the chaos counts read when a process ends
+    FIELDS = ("beat", *(f.name for f in dataclasses.fields(ActorStats)), "incarnation", "torch_loaded", "first_step",
               "duplicated", "reordered", "delayed", "dropped_steps", "kills", "hangs", "lost_held_steps",
-              "corrupted_nan", "corrupted_shape", "corrupted_prob", "corrupted_schema", "corrupted_mask",
-              "corrupted_state", "corrupted_steps_nan", "corrupted_steps_shape", "corrupted_steps_prob",
-              "corrupted_steps_schema", "corrupted_steps_mask", "corrupted_steps_state")
+              *(f"corrupted_{k}" for k in COUNTED), *(f"corrupted_steps_{k}" for k in COUNTED))
     INDEX = {f: i for i, f in enumerate(FIELDS)}
 
     def __init__(self, actors: int, name: str, create_new: bool):
