@@ -1,9 +1,11 @@
 """The learner's update on every device this machine has, side by side: updates per second and samples per second of
 update (batch transitions / update time) for the presets and for a large network, with each row's ratio to the CPU
-learner at one thread (the runners' default, ``runner.torch_threads=1``).
+learner at one thread (the runners' default, ``runner.torch_threads=1``), by torch's autograd (``learner.backend=torch``).
+The CPU rows include the numpy step (``learner.backend=numpy``, feed-forward cases; ``cpu (numpy)``), on one BLAS
+thread as in a run.
 
     python benchmarks/learner_device.py [--cases cartpole pendulum halfcheetah large] [--threads 1 2] [--updates 5]
-                                        [--devices cpu cuda:0 ...]
+                                        [--devices cpu cuda:0 ...] [--backends torch numpy]
 
 A case is a batch collected once by an actor (numpy, as in a run) from the preset's env; the learner then runs
 ``--updates`` full updates on it (targets, epochs x minibatches of PPO steps, the optimizer) after one warm-up
@@ -18,6 +20,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+
+# numpy's BLAS on one thread, as train.py sets it for a run's learner (before numpy loads)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import time
 from typing import Dict, List, Sequence
 
@@ -62,7 +67,7 @@ def batch_for(overrides: Sequence[str]):
     return cfg, frags[:n]
 
 
-def time_updates(cfg, frags, device: str, threads: int, updates: int) -> float:
+def time_updates(cfg, frags, device: str, threads: int, updates: int, backend: str = "torch") -> float:
     """Seconds per update, best of three blocks of ``updates`` after a warm-up update."""
     import dataclasses
 
@@ -72,7 +77,7 @@ def time_updates(cfg, frags, device: str, threads: int, updates: int) -> float:
     from laglab.learner import Learner
 
     torch.set_num_threads(threads)
-    cfg = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, device=device))
+    cfg = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, device=device, backend=backend))
     learner = Learner(cfg, env_spec(cfg))
     dev = learner.device  # (the device the update ran on: cuda:N waits for cuda:N)
     sync = ((lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: torch.mps.synchronize())
@@ -87,6 +92,10 @@ def time_updates(cfg, frags, device: str, threads: int, updates: int) -> float:
         sync()
         best = min(best, (time.perf_counter() - t) / updates)
     return best
+
+
+def over_recurrent(over: Sequence[str]) -> bool:
+    return any(o.startswith("policy.recurrent=") and not o.endswith("=none") for o in over)
 
 
 def _split(chunk: str) -> List[str]:
@@ -112,6 +121,8 @@ def main(argv=None) -> int:
                     help="CPU thread counts (default: 1 and the CPUs this process may use)")
     ap.add_argument("--devices", nargs="+", default=None, help="default: cpu and every accelerator torch sees")
     ap.add_argument("--updates", type=int, default=5)
+    ap.add_argument("--backends", nargs="+", default=["torch", "numpy"], choices=["torch", "numpy"],
+                    help="the CPU learner's minibatch steps (learner.backend); numpy on one BLAS thread, as in a run")
     args = ap.parse_args(argv)
 
     import torch
@@ -137,14 +148,19 @@ def main(argv=None) -> int:
         cfg, frags = batch_for(over)
         B = cfg.learner.batch_size
         steps = cfg.learner.epochs * cfg.learner.minibatches
-        where = [("cpu", t) for t in threads if "cpu" in devices] + [(d, 1) for d in accelerators]
+        cpu = "cpu" in devices
+        where = ([("cpu", t, "torch") for t in threads if cpu and "torch" in args.backends]
+                 + [("cpu", 1, "numpy")] * (cpu and "numpy" in args.backends and not over_recurrent(over))
+                 + [(d, 1, "torch") for d in accelerators])
         timed = []
-        for device, t in where:
-            s = time_updates(cfg, frags, device, t, args.updates)
-            timed.append((device, t, s))
-            print(f"  {case} on {device} ({t} thread(s)): {s * 1e3:.1f} ms per update", file=sys.stderr, flush=True)
+        for device, t, backend in where:
+            s = time_updates(cfg, frags, device, t, args.updates, backend)
+            name = device if backend == "torch" else f"{device} (numpy)"
+            timed.append((name, t, s))
+            print(f"  {case} on {name} ({t} thread(s)): {s * 1e3:.1f} ms per update", file=sys.stderr, flush=True)
+        # the baseline: torch's CPU update at one thread, the runners' default before learner.backend
         one = next((s for d, t, s in timed if d == "cpu" and t == 1), None)
-        best = min((s for d, t, s in timed if d == "cpu"), default=None)  # the CPU learner at its best thread count
+        best = min((s for d, t, s in timed if d.startswith("cpu")), default=None)  # the CPU at its best
         for device, t, s in timed:
             rows.append((case, cfg.env.id, "x".join(map(str, cfg.policy.hidden_sizes)), B, steps, device, t, s, one,
                          best))

@@ -128,7 +128,8 @@ def stale_batch(cfg):
 @pytest.mark.parametrize("case", [c for c in CASES if "recurrent" not in CASES[c].get("policy", {})])
 def test_every_tensor_an_update_computes_with_was_moved_to_its_device_or_made_there(case, monkeypatch):
     over = {k: dict(v) for k, v in CASES[case].items()}
-    over.setdefault("learner", {})["device"] = "cpu"
+    # (torch's path: the one that runs on an accelerator; learner.backend=numpy is the CPU's alone)
+    over.setdefault("learner", {}).update(device="cpu", backend="torch")
     learner, first, second = stale_batch(cfg_of(actors=1, **over))
     learner.update(first)
     b = learner._batch(second)
@@ -141,7 +142,7 @@ def test_every_tensor_an_update_computes_with_was_moved_to_its_device_or_made_th
 
 
 def test_the_lineage_catches_a_host_tensor_never_moved(monkeypatch):
-    learner, first, _ = stale_batch(cfg_of(actors=1, learner={"device": "cpu"}))
+    learner, first, _ = stale_batch(cfg_of(actors=1, learner={"device": "cpu", "backend": "torch"}))
     mode = watch_lineage(learner, monkeypatch)
     batch = learner._batch  # (the lineage's: host work, then moved)
     monkeypatch.setattr(learner, "_batch", lambda frags: batch(frags)._replace(  # the rewards left on the host

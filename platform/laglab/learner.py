@@ -22,8 +22,9 @@ from typing import Any, Dict, NamedTuple, Optional, Sequence
 import numpy as np
 import torch
 
-from . import algo
+from . import algo, npstep
 from .config import Config, ConfigError, Estimator, LossKind, LrSchedule, Prox
+from .npstep import NumpyStep
 from .optim import Adam, clip_grad_norm
 from .envs import EnvSpec, RunningMeanStd, normalize
 from .fragment import Fragment, chain_depths, successors
@@ -43,6 +44,20 @@ def resolve_device(name: str) -> torch.device:
     elif device.type == "mps":
         device = torch.device("mps", 0)
     return device
+
+
+def resolve_backend(cfg: Config, model: torch.nn.Module, device: torch.device) -> str:
+    """``learner.backend``: numpy or torch for this model on this device. auto: numpy wherever it can run, unless the
+    learner has more than one torch thread (``runner.torch_threads``: set where an update is large enough for threads
+    to pay, which numpy's one-thread step does not use: ``benchmarks/learner_device.py``, the large case)."""
+    why_not = npstep.supported(model, device, cfg.policy.activation)
+    if cfg.learner.backend == "numpy" and why_not:
+        raise ConfigError(f"learner.backend=numpy cannot run {why_not}: use learner.backend=auto or torch")
+    threads = cfg.runner.torch_threads
+    if cfg.learner.backend == "torch" or why_not or (cfg.learner.backend == "auto" and isinstance(threads, int)
+                                                     and threads > 1):
+        return "torch"
+    return "numpy"
 
 
 def host_tanh(cfg: Config) -> bool:
@@ -192,17 +207,25 @@ class Learner:
             for m in self.prox_model.modules():  # (a copied GRU/LSTM's weights are no longer one cuDNN chunk)
                 if isinstance(m, torch.nn.RNNBase):
                     m.flatten_parameters()
+        self.backend, self._np = resolve_backend(cfg, self.model, self.device), None
+        if self.backend == "numpy":
+            self._np = NumpyStep(self.model, self.opt, cfg.policy.activation, self.prox_model)
 
     def _ewma_step(self) -> None:
         """After each optimizer step: prox <- keep * prox + (1 - keep) * theta, keep = beta * W / (beta * W + 1),
         W the accumulated weight (starts at 1, the initial weights; tends to 1 / (1 - beta)), so early on the
         average is not pulled towards the initial weights (Hilton et al. 2022's EwmaModel)."""
-        total = self.prox_beta * self._ewma_total + 1.0
-        keep = self.prox_beta * self._ewma_total / total
+        keep = self._ewma_keep()
         with torch.no_grad():
             for q, p in zip(self.prox_model.parameters(), self.params):
                 q.lerp_(p, 1.0 - keep)
+
+    def _ewma_keep(self) -> float:
+        """The EWMA's ``keep`` for this optimizer step (and the accumulated weight after it)."""
+        total = self.prox_beta * self._ewma_total + 1.0
+        keep = self.prox_beta * self._ewma_total / total
         self._ewma_total = total
+        return keep
 
     def fragment_kl(self, frag: Fragment) -> float:
         """KL(behavior || current) of one fragment (k3 estimate over its steps), under the policy the next update
@@ -474,10 +497,8 @@ class Learner:
         b_start = cur_logp.reshape(-1)  # the policy at the start of this update
         B = b.T * b.N
         loss_cfg = ac.loss
-        decoupled = is_decoupled(cfg)
         dual_c = loss_cfg.dual_clip_c if loss_cfg.kind in (LossKind.dual_clip, LossKind.decoupled_dual_clip) else None
         sums: Dict[str, Any] = collections.defaultdict(float)
-        scalar = self._scalar
         n_mb = 0
         epochs_done = 0
         init, keep, cut = extras.get("init"), None, None
@@ -486,46 +507,24 @@ class Learner:
             keep, cut = self._burn_in(b, heads)
             if self.prox_model is not None:  # the EWMA policy's own states, along the same chains
                 extras["prox_init"] = self._recurrent_pass(b, self.prox_model)[4]
+        flat = {"adv": b_adv, "ret": b_ret, "old": b_old, "start": b_start}
+        if self._np is not None:
+            self._np.load()
+            steps = lambda: self._numpy_steps(b, flat, dual_c)  # noqa: E731
+        else:
+            steps = lambda: self._torch_steps(b, init, keep, cut, extras.get("prox_init"), flat, dual_c)  # noqa: E731
         for _ in range(lc.epochs):
             kl_epoch = []
-            flat = {"adv": b_adv, "ret": b_ret, "old": b_old, "start": b_start}
-            for rows, logp, ent, v, prox in self._minibatches(b, init, keep, decoupled, cut, extras.get("prox_init"),
-                                                              flat):
-                a = rows["adv"]
-                if loss_cfg.norm_adv and len(a) > 1:
-                    a = (a - a.mean()) / (a.std() + 1e-8)
-                if decoupled:
-                    if prox is None:
-                        prox = rows["start"]
-                    info = algo.decoupled_loss(logp, prox, rows["old"], a, loss_cfg.clip_eps, loss_cfg.is_cap, dual_c)
-                elif dual_c is not None:
-                    info = algo.dual_clip_loss(logp, rows["old"], a, loss_cfg.clip_eps, dual_c)
-                else:
-                    info = algo.ppo_clip_loss(logp, rows["old"], a, loss_cfg.clip_eps)
-                v_loss = 0.5 * ((v - rows["ret"]) ** 2).mean()
-                ent_m = ent.mean()
-                loss = info.loss - loss_cfg.ent_coef * ent_m + loss_cfg.vf_coef * v_loss
-                self.opt.zero_grad(set_to_none=True)
-                loss.backward()
-                clip_grad_norm(self.params, loss_cfg.max_grad_norm)
-                self.opt.step()
-                if self.prox_model is not None:
-                    self._ewma_step()
-                with torch.no_grad():  # how far this update moved the policy (staleness is lag/kl_behavior)
-                    kl = scalar(algo.approx_kl_k3(logp, rows["start"]))
-                kl_epoch.append(kl)
-                sums["policy_loss"] += scalar(info.loss)
-                sums["value_loss"] += scalar(v_loss)
-                sums["entropy"] += scalar(ent_m)
-                sums["clip_frac"] += scalar(info.clip_frac)
-                sums["dual_clip_frac"] += scalar(info.dual_clip_frac)
-                if info.is_trunc_frac is not None:
-                    sums["is_trunc_frac"] += scalar(info.is_trunc_frac)
-                sums["approx_kl"] += kl
+            for figures in steps():
+                for k, v in figures.items():
+                    sums[k] += v
+                kl_epoch.append(figures["approx_kl"])
                 n_mb += 1
             epochs_done += 1
             if lc.target_kl is not None and np.mean([float(k) for k in kl_epoch]) > lc.target_kl:
                 break
+        if self._np is not None:
+            self._np.store()
         sums = {k: float(v) for k, v in sums.items()}  # (one transfer per figure per update, off the CPU)
 
         update_kl = None
@@ -573,6 +572,65 @@ class Learner:
         if audit:
             m["transport/audit_misattributed"] = float(misattributed)
         return m
+
+    def _torch_steps(self, b: "Batch", init, keep, cut, prox_init, flat: Dict[str, torch.Tensor],
+                     dual_c: Optional[float]):
+        """One epoch of minibatch steps by torch's autograd; yields each step's figures (floats on the CPU, device
+        tensors elsewhere: summed once per update, not a sync per minibatch)."""
+        loss_cfg, scalar = self.cfg.algo.loss, self._scalar
+        decoupled = is_decoupled(self.cfg)
+        for rows, logp, ent, v, prox in self._minibatches(b, init, keep, decoupled, cut, prox_init, flat):
+            a = rows["adv"]
+            if loss_cfg.norm_adv and len(a) > 1:
+                a = (a - a.mean()) / (a.std() + 1e-8)
+            if decoupled:
+                if prox is None:
+                    prox = rows["start"]
+                info = algo.decoupled_loss(logp, prox, rows["old"], a, loss_cfg.clip_eps, loss_cfg.is_cap, dual_c)
+            elif dual_c is not None:
+                info = algo.dual_clip_loss(logp, rows["old"], a, loss_cfg.clip_eps, dual_c)
+            else:
+                info = algo.ppo_clip_loss(logp, rows["old"], a, loss_cfg.clip_eps)
+            v_loss = 0.5 * ((v - rows["ret"]) ** 2).mean()
+            ent_m = ent.mean()
+            loss = info.loss - loss_cfg.ent_coef * ent_m + loss_cfg.vf_coef * v_loss
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            clip_grad_norm(self.params, loss_cfg.max_grad_norm)
+            self.opt.step()
+            if self.prox_model is not None:
+                self._ewma_step()
+            with torch.no_grad():  # how far this update moved the policy (staleness is lag/kl_behavior)
+                kl = scalar(algo.approx_kl_k3(logp, rows["start"]))
+            figures = {"policy_loss": scalar(info.loss), "value_loss": scalar(v_loss), "entropy": scalar(ent_m),
+                       "clip_frac": scalar(info.clip_frac), "dual_clip_frac": scalar(info.dual_clip_frac),
+                       "approx_kl": kl}
+            if info.is_trunc_frac is not None:
+                figures["is_trunc_frac"] = scalar(info.is_trunc_frac)
+            yield figures
+
+    def _numpy_steps(self, b: "Batch", flat: Dict[str, torch.Tensor], dual_c: Optional[float]):
+        """One epoch of minibatch steps by :class:`laglab.npstep.NumpyStep` (feed-forward, CPU): the same
+        permutation and slices as :meth:`_minibatches`, the same figures as :meth:`_torch_steps`."""
+        lc, loss_cfg = self.cfg.learner, self.cfg.algo.loss
+        group = self.opt.param_groups[0]
+        B = b.T * b.N
+        mb = B // lc.minibatches
+        perm = torch.randperm(B, generator=self.gen, device="cpu").numpy()[:mb * lc.minibatches]
+        x = b.obs.numpy().reshape(B, -1)[perm]
+        actions = b.actions.numpy()[perm]
+        masks = None if b.masks is None else b.masks.numpy()[perm]
+        cols = {k: t.numpy()[perm] for k, t in flat.items()}
+        kind = loss_cfg.kind.value
+        ewma = self.prox_model is not None
+        for k in range(lc.minibatches):
+            sl = slice(k * mb, (k + 1) * mb)
+            m_k = None if masks is None else masks[sl]
+            prox = self._np.prox_logp(x[sl], actions[sl], m_k) if ewma else None
+            yield self._np.step(x[sl], actions[sl], m_k, cols["adv"][sl], cols["ret"][sl], cols["old"][sl],
+                                cols["start"][sl], loss_cfg, group["lr"], group["betas"], group["eps"], kind, prox)
+            if ewma:
+                self._np.ewma(self._ewma_keep())
 
     def _minibatches(self, b: "Batch", init: Optional[torch.Tensor], keep: Optional[torch.Tensor], decoupled: bool,
                      cut: Optional[torch.Tensor] = None, prox_init: Optional[torch.Tensor] = None,

@@ -207,11 +207,12 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
     auto = getattr(cfg, "actors_auto", None)  # how actors=auto chose (validate), else null: the count was given
     device = device_name(learner.device)
     base = {"algo": cfg.algo.name, "actors": cfg.actors, "actors_auto": auto, "seed": cfg.seed,
-            "runner": cfg.runner.name.value, "learner_device": device,
+            "runner": cfg.runner.name.value, "learner_device": device, "learner_backend": learner.backend,
             "torch_threads_auto": getattr(cfg, "torch_threads_auto", None),  # (null: runner.torch_threads was given)
             "env_id": cfg.env.id, "total_env_steps": cfg.total_env_steps, "resumed_from": cfg.resume,
             "start_env_steps": used, "start_version": learner.version, "wandb_mode": wandb_mode,
-            "provenance": {**provenance(), "learner_device": device, "torch_threads": torch.get_num_threads()}}
+            "provenance": {**provenance(), "learner_device": device, "learner_backend": learner.backend,
+                           "torch_threads": torch.get_num_threads()}}
     try:
         cpu0: Optional[Tuple[int, int, int]] = _cpu_jiffies()
     except (OSError, ValueError, IndexError):

@@ -1,0 +1,239 @@
+"""laglab.npstep: the numpy minibatch step computes what torch's autograd computes from laglab.algo's losses — the
+gradient of every parameter, loss by loss and head by head — and what laglab.optim's Adam and clip_grad_norm do
+with it; a learner on either backend ends an update with the same weights."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from laglab import algo
+from laglab.config import ConfigError
+from laglab.envs import EnvSpec
+from laglab.inference import LOG_STD_MAX
+from laglab.npstep import NumpyStep, supported
+from laglab.optim import Adam, clip_grad_norm
+from laglab.policy import ActorCritic, RecurrentActorCritic
+
+N = 48
+
+
+def loss_cfg(**kw):
+    base = dict(kind="clip", clip_eps=0.2, dual_clip_c=3.0, is_cap=2.0, vf_coef=0.5, ent_coef=0.0,
+                max_grad_norm=0.5, norm_adv=True)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def make(discrete: bool, activation: str = "tanh", seed: int = 0, masked: bool = False):
+    torch.manual_seed(seed)
+    spec = EnvSpec(obs_shape=(5,), discrete=discrete, n_actions=4 if discrete else 3, masked=masked)
+    model = ActorCritic(spec, (16, 8), activation, log_std_init=-0.3)
+    return model
+
+
+def rows(model, seed: int, masked: bool, stale: float):
+    """A minibatch: obs, actions drawn from the policy, masks, advantages, returns, and behavior / start /
+    proximal log-probs (``stale`` moves the behavior policy's log-probs away from the current ones)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, 5, generator=g)
+    mask = None
+    with torch.no_grad():
+        out = model.pi(x)
+        if model.discrete:
+            if masked:
+                mask = torch.rand(N, 4, generator=g) < 0.6
+                mask[torch.arange(N), torch.randint(0, 4, (N,), generator=g)] = True
+                out = out.masked_fill(~mask, -1e9)
+            a = torch.multinomial(torch.softmax(out, -1), 1, generator=g)[:, 0]
+        else:
+            a = out + torch.randn(N, 3, generator=g) * 0.7
+        logp = model.logp_entropy(x, a, mask)[0]
+    adv = torch.randn(N, generator=g) * 2.0
+    ret = torch.randn(N, generator=g)
+    old = logp + stale * torch.randn(N, generator=g)
+    start = logp.clone()  # the update's start: r = 1 exactly (every clip/min is a tie)
+    prox = logp + 0.5 * stale * torch.randn(N, generator=g)
+    return x, a, mask, adv, ret, old, start, prox
+
+
+def torch_grads(model, data, lc, kind: str):
+    """The torch path's loss (as Learner._torch_steps computes it) and its autograd gradients."""
+    x, a, mask, adv, ret, old, start, prox = data
+    logp, ent = model.logp_entropy(x, a, mask)
+    v = model.value(x)
+    ad = (adv - adv.mean()) / (adv.std() + 1e-8) if lc.norm_adv else adv
+    dual_c = lc.dual_clip_c if kind.endswith("dual_clip") else None
+    if kind.startswith("decoupled"):
+        info = algo.decoupled_loss(logp, prox, old, ad, lc.clip_eps, lc.is_cap, dual_c)
+    elif dual_c is not None:
+        info = algo.dual_clip_loss(logp, old, ad, lc.clip_eps, dual_c)
+    else:
+        info = algo.ppo_clip_loss(logp, old, ad, lc.clip_eps)
+    v_loss = 0.5 * ((v - ret) ** 2).mean()
+    loss = info.loss - lc.ent_coef * ent.mean() + lc.vf_coef * v_loss
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    return info, [p.grad.clone() for p in model.parameters()]
+
+
+def np_grads(model, data, lc, kind: str):
+    x, a, mask, adv, ret, old, start, prox = data
+    step = NumpyStep(model, Adam(list(model.parameters()), lr=1e-3), "tanh" if model.pi[1].__class__.__name__ ==
+                     "Tanh" else model.pi[1].__class__.__name__.lower())
+    step.load()
+    figures = step.gradient(x.numpy(), a.numpy(), None if mask is None else mask.numpy(), adv.numpy(), ret.numpy(),
+                            old.numpy(), start.numpy(), lc, kind, prox.numpy() if kind.startswith("decoupled") else None)
+    return figures, [torch.from_numpy(v.copy()) for v in step.G.views]
+
+
+def assert_close(got, want, what):
+    for i, (g, w) in enumerate(zip(got, want)):
+        scale = float(w.abs().max()) + 1e-6
+        err = float((g - w).abs().max())
+        assert err <= 2e-5 * scale + 1e-7, f"{what}: parameter {i} {tuple(w.shape)} differs by {err:.3g} (max {scale:.3g})"
+
+
+KINDS = ["clip", "dual_clip", "decoupled", "decoupled_dual_clip"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("discrete,masked", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("stale", [0.0, 1.5])
+def test_gradients_match_autograd(kind, discrete, masked, stale):
+    model = make(discrete, masked=masked)
+    lc = loss_cfg(kind=kind, ent_coef=0.01)
+    data = rows(model, 1, masked, stale)
+    info, want = torch_grads(model, data, lc, kind)
+    figures, got = np_grads(model, data, lc, kind)
+    assert_close(got, want, f"{kind} discrete={discrete} masked={masked} stale={stale}")
+    assert math.isclose(figures["policy_loss"], float(info.loss.detach()), rel_tol=1e-4, abs_tol=1e-6)
+    assert figures["clip_frac"] == pytest.approx(float(info.clip_frac))
+    assert figures["dual_clip_frac"] == pytest.approx(float(info.dual_clip_frac))
+    if stale and kind == "dual_clip":  # (the case exercises the bound)
+        assert figures["dual_clip_frac"] > 0
+    if stale:
+        assert figures["clip_frac"] > 0
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu", "elu"])
+@pytest.mark.parametrize("discrete", [False, True])
+def test_activations_and_options(activation, discrete):
+    model = make(discrete, activation, seed=3)
+    lc = loss_cfg(ent_coef=0.05, norm_adv=False, vf_coef=0.7)
+    data = rows(model, 4, False, 0.4)
+    _, want = torch_grads(model, data, lc, "clip")
+    _, got = np_grads(model, data, lc, "clip")
+    assert_close(got, want, f"{activation} discrete={discrete}")
+
+
+def test_clamped_log_std_gets_no_gradient():
+    model = make(False)
+    with torch.no_grad():
+        model.log_std[0] = LOG_STD_MAX + 1.0  # outside the clamp: no gradient, as torch.clamp's
+        model.log_std[1] = LOG_STD_MAX  # on the bound: gradient, as torch.clamp's
+    lc = loss_cfg(ent_coef=0.1)
+    data = rows(model, 2, False, 0.3)
+    _, want = torch_grads(model, data, lc, "clip")
+    _, got = np_grads(model, data, lc, "clip")
+    i = [n for n, _ in model.named_parameters()].index("log_std")
+    assert float(want[i][0]) == 0.0 and float(want[i][1]) != 0.0
+    assert_close(got, want, "log_std at its clamp")
+
+
+def test_clip_and_adam_match_laglab_optim():
+    """Three steps from the same gradients: clip_grad_norm + laglab.optim.Adam on torch tensors vs NumpyStep.apply."""
+    model = make(False)
+    twin = make(False)
+    twin.load_state_dict(model.state_dict())
+    opt_t = Adam(list(twin.parameters()), lr=3e-3, eps=1e-5)
+    step = NumpyStep(model, Adam(list(model.parameters()), lr=3e-3, eps=1e-5), "tanh")
+    step.load()
+    g = torch.Generator().manual_seed(5)
+    for k in range(3):
+        grads = [torch.randn(p.shape, generator=g) * (10.0 if k == 1 else 0.01) for p in twin.parameters()]
+        for p, gr in zip(twin.parameters(), grads):
+            p.grad = gr.clone()
+        clip_grad_norm(list(twin.parameters()), 0.5)
+        opt_t.step()
+        for v, gr in zip(step.G.views, grads):
+            v[...] = gr.numpy()
+        step.apply(0.5, 3e-3, (0.9, 0.999), 1e-5)
+    step.store()
+    assert_close([p.detach() for p in model.parameters()], [p.detach() for p in twin.parameters()], "weights")
+    assert_close(step.opt.exp_avg_sq, opt_t.exp_avg_sq, "Adam's second moments")
+    assert step.opt.steps == opt_t.steps == [3] * len(opt_t.steps)
+    assert float(step.opt.step_t[0]) == 3.0
+
+
+def test_supported_names_what_it_cannot_run():
+    spec = EnvSpec(obs_shape=(4,), discrete=True, n_actions=2)
+    assert supported(ActorCritic(spec), torch.device("cpu"), "tanh") is None
+    assert "recurrent" in supported(RecurrentActorCritic(spec), torch.device("cpu"), "tanh")
+    assert "cuda" in supported(ActorCritic(spec), torch.device("cuda"), "tanh")
+    assert "activation" in supported(ActorCritic(spec), torch.device("cpu"), "gelu")
+
+
+def _learner(overrides):
+    from laglab.checks import env_spec
+    from laglab.learner import Learner
+    from laglab.preflight import compose
+
+    cfg = compose(overrides + ["tracking.wandb.mode=disabled", "learner.device=cpu"])
+    return cfg, Learner(cfg, env_spec(cfg))
+
+
+def _frags(cfg, learner, n):
+    from laglab.actor import Actor
+
+    actor = Actor(cfg, 0, 1)
+    actor.load(learner.snapshot())
+    frags = []
+    while len(frags) < n:
+        frags += actor.collect().fragments
+    actor.close()
+    return frags[:n]
+
+
+@pytest.mark.parametrize("overrides", [
+    ["env=cartpole", "learner.batch_size=256", "actor.rollout_len=32", "actor.envs_per_actor=8"],
+    ["env=pendulum", "algo=decoupled_ewma", "learner.batch_size=256", "actor.rollout_len=32",
+     "actor.envs_per_actor=8", "learner.epochs=2"],
+])
+def test_a_learner_ends_an_update_with_the_same_weights_on_either_backend(overrides):
+    cfg, ref = _learner(overrides + ["learner.backend=torch"])
+    frags = _frags(cfg, ref, cfg.learner.batch_size // cfg.actor.rollout_len)
+    _, fast = _learner(overrides + ["learner.backend=numpy"])
+    fast.model.load_state_dict(ref.model.state_dict())
+    if ref.prox_model is not None:
+        fast.prox_model.load_state_dict(ref.prox_model.state_dict())
+    assert (ref.backend, fast.backend) == ("torch", "numpy")
+    for _ in range(2):
+        m_ref, m_fast = ref.update(frags), fast.update(frags)
+        for k in ("losses/policy_loss", "losses/value_loss", "losses/approx_kl", "losses/clip_frac"):
+            assert m_fast[k] == pytest.approx(m_ref[k], rel=1e-3, abs=1e-6), k
+    assert_close([p.detach() for p in fast.model.parameters()], [p.detach() for p in ref.model.parameters()],
+                 "weights after two updates")
+    if ref.prox_model is not None:
+        assert_close(list(fast.prox_model.parameters()), list(ref.prox_model.parameters()), "the EWMA policy")
+    assert fast.opt.steps == ref.opt.steps
+    assert fast.opt.state_dict()["state"][0]["step"] == ref.opt.state_dict()["state"][0]["step"]
+
+
+def test_backend_choice_and_refusals():
+    _, learner = _learner(["env=cartpole"])
+    assert learner.backend == "numpy"  # auto, feed-forward on the CPU
+    _, learner = _learner(["env=cartpole_pomdp", "policy.recurrent=gru"])
+    assert learner.backend == "torch"
+    _, learner = _learner(["env=cartpole", "runner.torch_threads=2"])  # (threads: torch's; numpy's step uses one)
+    assert learner.backend == "torch"
+    _, learner = _learner(["env=cartpole", "runner.torch_threads=2", "learner.backend=numpy"])
+    assert learner.backend == "numpy"
+    with pytest.raises(ConfigError, match="learner.backend"):
+        _learner(["env=cartpole_pomdp", "policy.recurrent=gru", "learner.backend=numpy"])
+    with pytest.raises(ConfigError, match="learner.backend"):
+        _learner(["env=cartpole", "learner.backend=jax"])
