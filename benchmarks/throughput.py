@@ -5,6 +5,7 @@ where each actor's time goes (env, inference, throttle, blocked, snapshot copies
 runner=process with the Ray path's own cost per fragment.
 
     python benchmarks/throughput.py [--repeats 1] [--only cartpole,halfcheetah,latency,hetero,ray] [--out DIR]
+                                    [--set KEY=VALUE ...]
 
 CartPole and HalfCheetah also run the default process run (what a user gets without ``actors=``), repeats
 interleaved, and print each run's fraction of the machine's ceiling: min(cores, actors + 1) x the sync runner's
@@ -31,12 +32,13 @@ from typing import Dict, List
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
+EVERY_RUN: List[str] = []  # --set
 
 
 def train(out: Path, name: str, overrides: List[str]) -> Dict[str, object]:
     run_dir = out / "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
     cmd = [sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={run_dir}", "tracking.wandb.mode=disabled",
-           "tracking.console_every_s=1e9", "tracking.progress=false", *overrides]
+           "tracking.console_every_s=1e9", "tracking.progress=false", *EVERY_RUN, *overrides]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{p.stderr[-3000:]}")
@@ -113,10 +115,13 @@ def main() -> None:
     ap.add_argument("--only", default="cartpole,halfcheetah,latency,hetero,ray")
     ap.add_argument("--halfcheetah-steps", type=int, default=100_000)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an override for every run (e.g. --set learner.backend=torch: the update by autograd)")
     args = ap.parse_args()
+    EVERY_RUN.extend(args.set)
     out = args.out or Path(tempfile.mkdtemp(prefix="laglab-throughput-"))
     only = set(args.only.split(","))
-    print(f"(run dirs under {out})\n")
+    print(f"(run dirs under {out}; every run: {' '.join(EVERY_RUN) or 'the defaults'})\n")
     for task, extra in [("cartpole", []), ("halfcheetah", ["env=halfcheetah",
                                                            f"total_env_steps={args.halfcheetah_steps}"])]:
         if task not in only:
