@@ -2,7 +2,7 @@
 count, on 1 CPU and on every CPU of this machine (the CPU count is the process's affinity, set per run with
 ``os.sched_setaffinity`` as ``taskset`` does), with the count ``actors=auto`` picks beside the fastest one.
 
-    python benchmarks/actors_auto.py [--repeats 3] [--tasks cartpole,halfcheetah] [--actors 1,2,3,4,6,8]
+    python benchmarks/actors_auto.py [--repeats 3] [--tasks cartpole,halfcheetah] [--actors 1,2,3,4,6,8] [--cpus 1,all]
 
 Each run is its own process (``python train.py``, W&B off); SPS is summary.json's ``sps`` (start-up included),
 the median of ``--repeats`` runs interleaved over every contender so that drift spreads over all of them. A pick
@@ -34,11 +34,13 @@ def main() -> None:
     ap.add_argument("--runners", default="process,thread")
     ap.add_argument("--cartpole-steps", type=int, default=100_000)
     ap.add_argument("--halfcheetah-steps", type=int, default=30_000)
+    ap.add_argument("--cpus", default="1,all", help="the CPU sets: 1 (one CPU), all (every usable CPU), or both")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
     out = a.out or Path(tempfile.mkdtemp(prefix="laglab-actors-auto-"))
     mine = sorted(os.sched_getaffinity(0))
-    cpu_sets = [tuple(mine[:1])] + ([tuple(mine)] if len(mine) > 1 else [])
+    want = set(a.cpus.split(","))
+    cpu_sets = ([tuple(mine[:1])] if "1" in want else []) + ([tuple(mine)] if len(mine) > 1 and "all" in want else [])
     counts = [int(x) for x in a.actors.split(",")]
     extra = {"cartpole": [f"total_env_steps={a.cartpole_steps}"],
              "halfcheetah": ["env=halfcheetah", f"total_env_steps={a.halfcheetah_steps}"]}

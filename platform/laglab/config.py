@@ -294,11 +294,13 @@ def auto_actors(runner: Any, cpus: int) -> int:
     learner does not use, at least one (thread: one, whatever the CPUs: its actors share the learner's GIL).
 
     Measured on this project's 2-CPU machine (``benchmarks/actors_auto.py``, medians of 3 interleaved runs; the
-    actors-knee study, reports/actors_knee_cartpole): the learner is the bottleneck, so the fewest actors within 5%
-    of the fastest SPS were 1 on 1 and on 2 CPUs, for the process and the thread runner, on CartPole and on
-    HalfCheetah (process runner on 2 CPUs: CartPole 27.1k SPS at 1 actor, 28.1k at 2, 27.1k at 4; HalfCheetah 4.9k
-    at 1 actor, 4.6k at 4); and KL(behavior || current) left seed 004's band between 2 and 4 actors while one actor
-    reached a solved CartPole fastest. The sync runner follows the process runner's rule, so ``runner=sync``
+    actors-knee study, reports/actors_knee_cartpole): with torch's learner step the learner was the bottleneck, so the
+    fewest actors within 5% of the fastest SPS were 1 on 1 and on 2 CPUs, for the process and the thread runner, on
+    CartPole and on HalfCheetah; and KL(behavior || current) left seed 004's band between 2 and 4 actors while one
+    actor reached a solved CartPole fastest. With the numpy learner step (learner.backend, 2026-12-04) the process
+    runner on 2 CPUs was fastest at 3 actors by 7-8% (CartPole 41.9k SPS vs 38.8k at 1; HalfCheetah 14.2k vs 13.0k;
+    within the runs' spread), at a mean lag of 1.04-1.07 instead of 0.80-0.84: the rule keeps 1 until that lag's
+    cost per env step is measured. The sync runner follows the process runner's rule, so ``runner=sync``
     beside a default run is the matched baseline (the same envs). More CPUs than two were not measured here:
     ``cpus - 1`` assumes that an actor per free core keeps a learner of this speed fed."""
     kind = str(getattr(runner, "value", runner))

@@ -52,7 +52,8 @@ def _frozen(a: np.ndarray) -> np.ndarray:
     return a
 
 
-_NP_ACT = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0), "elu": lambda x: np.where(x > 0, x, np.expm1(x))}
+# the hidden layers' activations in numpy (the actors' inference and the learner's numpy step, laglab.npstep)
+NP_ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0), "elu": lambda x: np.where(x > 0, x, np.expm1(x))}
 
 
 class InferencePolicy:
@@ -69,7 +70,7 @@ class InferencePolicy:
     def __init__(self, snap: Snapshot, spec: EnvSpec, activation: str = "tanh", recurrent: str = "none"):
         self.version = snap.version
         self.spec = spec
-        self.act_fn = _NP_ACT[activation]
+        self.act_fn = NP_ACTIVATIONS[activation]
         self.recurrent = None if recurrent in (None, "none") else recurrent
         if self.recurrent is None:
             self.pi = self._layers(snap.weights, "pi.")

@@ -30,20 +30,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from .inference import HALF_LOG_2PI, LOG_STD_MAX, LOG_STD_MIN
+from .inference import HALF_LOG_2PI, LOG_STD_MAX, LOG_STD_MIN, NP_ACTIVATIONS
 
-ACTIVATIONS = ("tanh", "relu", "elu")
-
-
-def _act(name: str, z: np.ndarray) -> np.ndarray:
-    """The activation in place on ``z`` (a fresh array)."""
-    if name == "tanh":
-        return np.tanh(z, out=z)
-    if name == "relu":
-        return np.maximum(z, 0.0, out=z)
-    neg = z < 0  # elu, alpha 1
-    z[neg] = np.expm1(z[neg])
-    return z
+ACTIVATIONS = tuple(NP_ACTIVATIONS)
 
 
 def _act_grad(name: str, d: np.ndarray, h: np.ndarray) -> None:
@@ -74,10 +63,11 @@ class Layers:
         """(the inputs of each layer — x, then each hidden activation — when ``keep``, the output)."""
         hs = [x]
         h = x
+        act = NP_ACTIVATIONS[self.activation]
         for W, b in self.pairs[:-1]:
             z = h @ W.T
             z += b
-            h = _act(self.activation, z)
+            h = act(z)
             if keep:
                 hs.append(h)
         W, b = self.pairs[-1]
