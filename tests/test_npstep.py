@@ -56,7 +56,9 @@ def rows(model, seed: int, masked: bool, stale: float):
     adv = torch.randn(N, generator=g) * 2.0
     ret = torch.randn(N, generator=g)
     old = logp + stale * torch.randn(N, generator=g)
-    start = logp.clone()  # the update's start: r = 1 exactly (every clip/min is a tie)
+    start = logp.clone()  # the update's start: r = 1 exactly for the on-policy case (every clip/min is a tie)
+    if stale:  # (later in an update: the policy has moved from its start, so approx_kl is not 0)
+        start = logp + 0.1 * stale * torch.randn(N, generator=g)
     prox = logp + 0.5 * stale * torch.randn(N, generator=g)
     return x, a, mask, adv, ret, old, start, prox
 
@@ -79,6 +81,20 @@ def torch_grads(model, data, lc, kind: str):
     model.zero_grad(set_to_none=True)
     loss.backward()
     return info, [p.grad.clone() for p in model.parameters()]
+
+
+def torch_figures(model, data, lc, info):
+    """The figures Learner._torch_steps reports for this minibatch."""
+    x, a, mask, adv, ret, old, start, prox = data
+    with torch.no_grad():
+        logp, ent = model.logp_entropy(x, a, mask)
+        out = {"policy_loss": float(info.loss.detach()), "clip_frac": float(info.clip_frac),
+               "dual_clip_frac": float(info.dual_clip_frac),
+               "value_loss": float(0.5 * ((model.value(x) - ret) ** 2).mean()), "entropy": float(ent.mean()),
+               "approx_kl": float(algo.approx_kl_k3(logp, start))}
+    if info.is_trunc_frac is not None:
+        out["is_trunc_frac"] = float(info.is_trunc_frac)
+    return out
 
 
 def np_grads(model, data, lc, kind: str):
@@ -111,9 +127,10 @@ def test_gradients_match_autograd(kind, discrete, masked, stale):
     info, want = torch_grads(model, data, lc, kind)
     figures, got = np_grads(model, data, lc, kind)
     assert_close(got, want, f"{kind} discrete={discrete} masked={masked} stale={stale}")
-    assert math.isclose(figures["policy_loss"], float(info.loss.detach()), rel_tol=1e-4, abs_tol=1e-6)
-    assert figures["clip_frac"] == pytest.approx(float(info.clip_frac))
-    assert figures["dual_clip_frac"] == pytest.approx(float(info.dual_clip_frac))
+    want_figures = torch_figures(model, data, lc, info)
+    assert set(figures) == set(want_figures)
+    for k, w in want_figures.items():  # every figure the learner reports, as the torch step computes it
+        assert math.isclose(figures[k], w, rel_tol=1e-4, abs_tol=1e-6), (k, figures[k], w)
     if stale and kind == "dual_clip":  # (the case exercises the bound)
         assert figures["dual_clip_frac"] > 0
     if stale:
@@ -178,12 +195,12 @@ def test_supported_names_what_it_cannot_run():
     assert "activation" in supported(ActorCritic(spec), torch.device("cpu"), "gelu")
 
 
-def _learner(overrides):
+def _learner(overrides, device: str = "cpu"):
     from laglab.checks import env_spec
     from laglab.learner import Learner
     from laglab.preflight import compose
 
-    cfg = compose(overrides + ["tracking.wandb.mode=disabled", "learner.device=cpu"])
+    cfg = compose(overrides + ["tracking.wandb.mode=disabled", f"learner.device={device}"])
     return cfg, Learner(cfg, env_spec(cfg))
 
 
@@ -237,3 +254,77 @@ def test_backend_choice_and_refusals():
         _learner(["env=cartpole_pomdp", "policy.recurrent=gru", "learner.backend=numpy"])
     with pytest.raises(ConfigError, match="learner.backend"):
         _learner(["env=cartpole", "learner.backend=jax"])
+
+
+@pytest.mark.parametrize("smaller", [True, False])
+def test_tie_shares_are_torchs(smaller):
+    """min/max's gradient share on ties, strict wins and losses, against torch.minimum / torch.maximum's autograd."""
+    from laglab.npstep import _pick_grad
+
+    a = torch.tensor([1.0, 2.0, 3.0, -1.5, 0.0], requires_grad=True)
+    b = torch.tensor([1.0, 3.0, 2.0, -1.5, 0.5])
+    (torch.minimum(a, b) if smaller else torch.maximum(a, b)).sum().backward()
+    got = _pick_grad(a.detach().numpy(), b.numpy(), smaller)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, a.grad.numpy())
+
+
+def test_adam_with_parameters_at_different_step_counts():
+    """A parameter that once had no gradient has its own step count (torch.optim.Adam's, laglab.optim's): each
+    parameter's bias correction uses its own."""
+    model, twin = make(False), make(False)
+    twin.load_state_dict(model.state_dict())
+    opt_t = Adam(list(twin.parameters()), lr=3e-3)
+    opt_n = Adam(list(model.parameters()), lr=3e-3)
+    g = torch.Generator().manual_seed(7)
+    first = [torch.randn(p.shape, generator=g) for p in twin.parameters()]
+    for p, gr in zip(twin.parameters(), first):  # a step in which parameter 0 has no gradient
+        p.grad = None if p is next(twin.parameters()) else gr.clone()
+    opt_t.step()
+    for p, gr in zip(model.parameters(), first):
+        p.grad = None if p is next(model.parameters()) else gr.clone()
+    opt_n.step()
+    assert opt_n.steps[0] == 0 and opt_n.steps[1] == 1
+    step = NumpyStep(model, opt_n, "tanh")
+    step.load()
+    grads = [torch.randn(p.shape, generator=g) for p in twin.parameters()]
+    for p, gr in zip(twin.parameters(), grads):
+        p.grad = gr.clone()
+    clip_grad_norm(list(twin.parameters()), 0.5)
+    opt_t.step()
+    for v, gr in zip(step.G.views, grads):
+        v[...] = gr.numpy()
+    step.apply(0.5, 3e-3, (0.9, 0.999), opt_n.param_groups[0]["eps"])
+    step.store()
+    assert opt_n.steps == opt_t.steps and opt_n.steps[0] == 1 and opt_n.steps[1] == 2
+    assert_close([p.detach() for p in model.parameters()], [p.detach() for p in twin.parameters()], "weights")
+
+
+def test_an_interrupted_numpy_update_leaves_the_model_and_the_ewma_as_before(monkeypatch):
+    cfg, learner = _learner(["env=pendulum", "algo=decoupled_ewma", "learner.batch_size=256", "actor.rollout_len=32",
+                             "actor.envs_per_actor=8", "learner.epochs=2"])
+    frags = _frags(cfg, learner, 8)
+    before = [p.detach().clone() for p in learner.model.parameters()]
+    total = learner._ewma_total
+    calls = []
+    real = learner._np.step
+
+    def interrupted(*a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(learner._np, "step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        learner.update(frags)
+    assert learner.version == 0 and learner._ewma_total == total
+    for p, q in zip(learner.model.parameters(), before):
+        assert torch.equal(p.detach(), q)
+
+
+def test_numpy_backend_runs_on_the_cpu_whatever_device_auto_finds(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # (a machine with a GPU)
+
+    _, learner = _learner(["env=cartpole", "learner.backend=numpy"], device="auto")
+    assert learner.device.type == "cpu" and learner.backend == "numpy"

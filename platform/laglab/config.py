@@ -164,9 +164,9 @@ class LearnerConfig:
     # where the learner's update runs: auto (CUDA if available, else CPU) | cpu | cuda | cuda:N | mps; actors are
     # numpy on CPU whatever it is (snapshots are host arrays)
     device: str = "auto"
-    # how a feed-forward update's minibatch steps are computed: auto (numpy where it can: a feed-forward policy on
-    # the CPU; torch elsewhere) | numpy | torch (autograd). The same arithmetic (laglab.npstep); numpy is ~3x
-    # cheaper per step at the presets' sizes
+    # how an update's minibatch steps are computed: auto (numpy for a feed-forward policy on the CPU with
+    # runner.torch_threads=1; torch elsewhere) | numpy (on the CPU whatever learner.device says) | torch (autograd).
+    # The same arithmetic to float32 rounding (laglab.npstep); numpy is ~2-3x cheaper per step at the presets' sizes
     backend: str = "auto"
 
 

@@ -173,7 +173,8 @@ class Learner:
         self.spec = spec
         # the update's device: the model, the optimizer and every tensor of an update live there; fragments are
         # stacked on the host and each batch crosses once (pinned, for CUDA); snapshots are host arrays
-        self.device = resolve_device(cfg.learner.device)
+        # (learner.backend=numpy runs on the CPU: with device=auto that is the CPU even where a GPU is)
+        self.device = resolve_device("cpu" if cfg.learner.backend == "numpy" else cfg.learner.device)
         self._pin = self.device.type == "cuda"
         # per-minibatch figures: floats on the CPU, device tensors elsewhere (summed once per update, not a sync
         # per minibatch)
@@ -513,16 +514,22 @@ class Learner:
             steps = lambda: self._numpy_steps(b, flat, dual_c)  # noqa: E731
         else:
             steps = lambda: self._torch_steps(b, init, keep, cut, extras.get("prox_init"), flat, dual_c)  # noqa: E731
-        for _ in range(lc.epochs):
-            kl_epoch = []
-            for figures in steps():
-                for k, v in figures.items():
-                    sums[k] += v
-                kl_epoch.append(figures["approx_kl"])
-                n_mb += 1
-            epochs_done += 1
-            if lc.target_kl is not None and np.mean([float(k) for k in kl_epoch]) > lc.target_kl:
-                break
+        ewma_total = self._ewma_total
+        try:
+            for _ in range(lc.epochs):
+                kl_epoch = []
+                for figures in steps():
+                    for k, v in figures.items():
+                        sums[k] += v
+                    kl_epoch.append(figures["approx_kl"])
+                    n_mb += 1
+                epochs_done += 1
+                if lc.target_kl is not None and np.mean([float(k) for k in kl_epoch]) > lc.target_kl:
+                    break
+        except BaseException:
+            if self._np is not None:  # (numpy's steps are not stored: the model is as before the update, and so is
+                self._ewma_total = ewma_total  # the EWMA's weight a checkpoint written now records)
+            raise
         if self._np is not None:
             self._np.store()
         sums = {k: float(v) for k, v in sums.items()}  # (one transfer per figure per update, off the CPU)

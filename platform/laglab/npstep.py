@@ -42,14 +42,15 @@ def _act_grad(name: str, d: np.ndarray, h: np.ndarray) -> None:
     elif name == "relu":
         d *= h > 0
     else:
-        d *= np.where(h > 0, 1.0, h + 1.0).astype(d.dtype)
+        d *= np.where(h > 0, np.float32(1.0), h + np.float32(1.0))
 
 
 def _pick_grad(a: np.ndarray, b: np.ndarray, smaller: bool) -> np.ndarray:
     """The share of ``min(a, b)``'s (``max`` when not ``smaller``) gradient that goes to ``a``: 1, 0, or 1/2 on a tie
     (torch's rule)."""
     wins = a < b if smaller else a > b
-    return np.where(wins, 1.0, np.where(a == b, 0.5, 0.0)).astype(a.dtype)
+    one, half, zero = (np.asarray(v, dtype=a.dtype) for v in (1.0, 0.5, 0.0))
+    return np.where(wins, one, np.where(a == b, half, zero))
 
 
 class Layers:
@@ -212,7 +213,8 @@ class NumpyStep:
              ret: np.ndarray, old: np.ndarray, start: np.ndarray, loss, lr: float, betas: Tuple[float, float],
              eps_adam: float, kind: str, prox: Optional[np.ndarray] = None) -> Dict[str, float]:
         """One step: :meth:`gradient`, then :meth:`apply`. Returns the figures the torch step reports."""
-        figures = self.gradient(x, actions, mask, adv, ret, old, start, loss, kind, prox)
+        with np.errstate(over="ignore", invalid="ignore"):  # (a stale ratio may overflow to inf, as in torch, silently)
+            figures = self.gradient(x, actions, mask, adv, ret, old, start, loss, kind, prox)
         self.apply(loss.max_grad_norm, lr, betas, eps_adam)
         return figures
 
