@@ -162,6 +162,18 @@ def test_clamped_log_std_gets_no_gradient():
     assert_close(got, want, "log_std at its clamp")
 
 
+def both_step(grads, twin, opt_t, step):
+    """The same gradients through clip_grad_norm + laglab.optim.Adam (``twin``) and NumpyStep.apply (``step``)."""
+    for p, gr in zip(twin.parameters(), grads):
+        p.grad = gr.clone()
+    clip_grad_norm(list(twin.parameters()), 0.5)
+    opt_t.step()
+    for v, gr in zip(step.G.views, grads):
+        v[...] = gr.numpy()
+    group = opt_t.param_groups[0]
+    step.apply(0.5, group["lr"], group["betas"], group["eps"])
+
+
 def test_clip_and_adam_match_laglab_optim():
     """Three steps from the same gradients: clip_grad_norm + laglab.optim.Adam on torch tensors vs NumpyStep.apply."""
     model = make(False)
@@ -172,14 +184,8 @@ def test_clip_and_adam_match_laglab_optim():
     step.load()
     g = torch.Generator().manual_seed(5)
     for k in range(3):
-        grads = [torch.randn(p.shape, generator=g) * (10.0 if k == 1 else 0.01) for p in twin.parameters()]
-        for p, gr in zip(twin.parameters(), grads):
-            p.grad = gr.clone()
-        clip_grad_norm(list(twin.parameters()), 0.5)
-        opt_t.step()
-        for v, gr in zip(step.G.views, grads):
-            v[...] = gr.numpy()
-        step.apply(0.5, 3e-3, (0.9, 0.999), 1e-5)
+        both_step([torch.randn(p.shape, generator=g) * (10.0 if k == 1 else 0.01) for p in twin.parameters()],
+                  twin, opt_t, step)
     step.store()
     assert_close([p.detach() for p in model.parameters()], [p.detach() for p in twin.parameters()], "weights")
     assert_close(step.opt.exp_avg_sq, opt_t.exp_avg_sq, "Adam's second moments")
@@ -287,14 +293,7 @@ def test_adam_with_parameters_at_different_step_counts():
     assert opt_n.steps[0] == 0 and opt_n.steps[1] == 1
     step = NumpyStep(model, opt_n, "tanh")
     step.load()
-    grads = [torch.randn(p.shape, generator=g) for p in twin.parameters()]
-    for p, gr in zip(twin.parameters(), grads):
-        p.grad = gr.clone()
-    clip_grad_norm(list(twin.parameters()), 0.5)
-    opt_t.step()
-    for v, gr in zip(step.G.views, grads):
-        v[...] = gr.numpy()
-    step.apply(0.5, 3e-3, (0.9, 0.999), opt_n.param_groups[0]["eps"])
+    both_step([torch.randn(p.shape, generator=g) for p in twin.parameters()], twin, opt_t, step)
     step.store()
     assert opt_n.steps == opt_t.steps and opt_n.steps[0] == 1 and opt_n.steps[1] == 2
     assert_close([p.detach() for p in model.parameters()], [p.detach() for p in twin.parameters()], "weights")
