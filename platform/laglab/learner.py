@@ -511,7 +511,7 @@ class Learner:
         flat = {"adv": b_adv, "ret": b_ret, "old": b_old, "start": b_start}
         if self._np is not None:
             self._np.load()
-            steps = lambda: self._numpy_steps(b, flat, dual_c)  # noqa: E731
+            steps = lambda: self._numpy_steps(b, flat)  # noqa: E731
         else:
             steps = lambda: self._torch_steps(b, init, keep, cut, extras.get("prox_init"), flat, dual_c)  # noqa: E731
         ewma_total = self._ewma_total
@@ -616,7 +616,7 @@ class Learner:
                 figures["is_trunc_frac"] = scalar(info.is_trunc_frac)
             yield figures
 
-    def _numpy_steps(self, b: "Batch", flat: Dict[str, torch.Tensor], dual_c: Optional[float]):
+    def _numpy_steps(self, b: "Batch", flat: Dict[str, torch.Tensor]):
         """One epoch of minibatch steps by :class:`laglab.npstep.NumpyStep` (feed-forward, CPU): the same
         permutation and slices as :meth:`_minibatches`, the same figures as :meth:`_torch_steps`."""
         lc, loss_cfg = self.cfg.learner, self.cfg.algo.loss
