@@ -148,13 +148,10 @@ class NumpyStep:
         self.log_std = None if self.discrete else self.P.views[pos[id(model.log_std)]]
         self.g_log_std = None if self.discrete else self.G.views[pos[id(model.log_std)]]
         self.Q = self.q_pi = None
-        if prox_model is not None:
+        if prox_model is not None:  # (a copy of the model: its parameters in the same order, so the same layout)
             self.Q = Flat(self.params)
-            qpos = {id(p): i for i, p in enumerate(prox_model.parameters())}
-            lins = [m for m in prox_model.pi if isinstance(m, torch.nn.Linear)]
-            self.q_pi = Layers([(self.Q.views[qpos[id(m.weight)]], self.Q.views[qpos[id(m.bias)]]) for m in lins],
-                               activation)
-            self.q_log_std = None if self.discrete else self.Q.views[qpos[id(prox_model.log_std)]]
+            self.q_pi = layers(self.Q, model.pi)
+            self.q_log_std = None if self.discrete else self.Q.views[pos[id(model.log_std)]]
         self.steps = np.zeros(len(self.params), dtype=np.int64)
 
     # ---- the model's state in and out ---------------------------------------------------------------
