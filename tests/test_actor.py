@@ -1,5 +1,6 @@
 """Fragments: identity, contiguity across rollouts, episode bookkeeping, truncation bootstrap."""
 import numpy as np
+import pytest
 import torch
 from omegaconf import OmegaConf
 
@@ -114,3 +115,82 @@ def test_throttle_rule():
     assert throttle_state(150, consumed, 3, 50) == (True, 50)
     assert throttle_state(149, consumed, 3, 50) == (False, 49)
     assert throttle_state(10, consumed, 4, 50) == (False, 10)  # nothing credited yet to incarnation 4
+
+
+# ---- the episode log against the env's own ledger -------------------------------------------------------------
+import gymnasium as gym  # noqa: E402
+
+LEDGER_ID = "laglab_test/Ledger-v0"
+LEDGER: dict = {}  # env instance -> [(return, length)] of every episode it finished, summed in the env itself
+
+
+class LedgerEnv(gym.Env):
+    """Episodes of random length (1..max_len; every third one truncated by the env, not terminated) with
+    non-integer rewards; the env itself keeps the truth: each finished episode's return (a float64 sum, step by
+    step) and length, per instance."""
+
+    def __init__(self, max_len: int = 40):
+        self.max_len = max_len
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.instance, self.episodes = 0, 0
+
+    def set_instance(self, i: int) -> None:
+        self.instance = i
+        LEDGER[i] = []
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.len = int(self.np_random.integers(1, self.max_len + 1))
+        self.t, self.ret = 0, 0.0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        r = float(self.np_random.normal()) * 0.37 + 0.1 * int(action)
+        self.t += 1
+        self.ret += r
+        end = self.t >= self.len
+        if end:
+            LEDGER[self.instance].append((self.ret, self.t))
+            self.episodes += 1
+        trunc = end and self.episodes % 3 == 0
+        return np.full(2, self.t / self.max_len, np.float32), r, end and not trunc, trunc, {}
+
+
+gym.register(LEDGER_ID, entry_point=LedgerEnv)
+
+
+def test_episode_returns_and_lengths_are_the_envs_own_across_rollouts_subsets_and_discards():
+    """The actor's episode log (return, length, which env) equals the ledger each env keeps itself, for episodes
+    that span rollouts, several that end in one rollout, rollouts of a subset of the envs (the sync runner's), and
+    a rollout discarded part-way (actor.refresh_lag: its steps still belong to their episodes)."""
+    cfg = small_cfg(env={"id": LEDGER_ID}, actor={"envs_per_actor": 4, "rollout_len": 16, "refresh_lag": 1})
+    actor = Actor(cfg, actor_id=3, incarnation=1)
+    actor.load(constant_value_snapshot(cfg))
+    got = {e: [] for e in range(4)}
+    discards = 0
+    for k in range(40):
+        if k % 7 == 3:  # the newest moves 2 versions ahead at step 1 + k % 5: discarded there
+            calls = []
+            ro = actor.collect(newest=lambda: 0 if calls.append(1) or len(calls) <= 1 + k % 5 else 2)
+            assert ro.discarded > 0 and ro.fragments == []
+            discards += 1
+        elif k % 4 == 1:
+            ro = actor.collect(envs=[2, 0], newest=lambda: 0)
+        else:
+            ro = actor.collect(newest=lambda: 0)
+        for ep in ro.episodes:
+            assert ep.actor_id == 3
+            got[ep.env_index].append((ep.ret, ep.length))
+    assert discards >= 5
+    for e in range(4):
+        want = LEDGER[3 * 4 + e]
+        assert len(want) >= 10 and len(got[e]) == len(want)
+        assert [n for _, n in got[e]] == [n for _, n in want]
+        np.testing.assert_allclose([r for r, _ in got[e]], [r for r, _ in want], rtol=1e-12, atol=1e-12)
+    # and the running episode's figures carry on: the next episode of env 0 ends with the ledger's figures too
+    before = len(LEDGER[12])
+    while len(LEDGER[12]) == before:
+        ro = actor.collect(newest=lambda: 0)
+        got[0] += [(ep.ret, ep.length) for ep in ro.episodes if ep.env_index == 0]
+    assert got[0][before] == pytest.approx(LEDGER[12][before], rel=1e-12)

@@ -4,6 +4,7 @@ import torch
 
 from laglab.algo import LOG_STD_MAX, LOG_STD_MIN
 from laglab.envs import EnvSpec
+from laglab.inference import FUSE_MAX_WIDTH
 from laglab.policy import ActorCritic, InferencePolicy, Snapshot
 
 DISCRETE = EnvSpec((4,), True, 3)
@@ -16,11 +17,14 @@ def _obs(spec, n=64, seed=0):
 
 @pytest.mark.parametrize("spec", [DISCRETE, CONTINUOUS])
 @pytest.mark.parametrize("activation", ["tanh", "relu", "elu"])
-def test_inference_policy_agrees_with_torch_model(spec, activation):
+@pytest.mark.parametrize("hidden", [(32, 16), (24, 24, 64), (96, 40)])
+def test_inference_policy_agrees_with_torch_model(spec, activation, hidden):
+    """Both ways the actors evaluate the two MLPs: as one network (up to FUSE_MAX_WIDTH) and as two."""
     torch.manual_seed(0)
-    model = ActorCritic(spec, (32, 16), activation, log_std_init=-0.5)
+    model = ActorCritic(spec, hidden, activation, log_std_init=-0.5)
     snap = Snapshot.make(3, model, np.zeros(spec.obs_shape), np.ones(spec.obs_shape))
     pol = InferencePolicy(snap, spec, activation)
+    assert (pol.fused is None) == (max(hidden) > FUSE_MAX_WIDTH)
     obs = _obs(spec)
     a, logp, v, mean, log_std, _ = pol.act(obs, np.random.default_rng(1))
     with torch.no_grad():
@@ -32,6 +36,8 @@ def test_inference_policy_agrees_with_torch_model(spec, activation):
         assert a.dtype == np.int64 and set(np.unique(a)) <= {0, 1, 2}
     else:
         assert a.shape == (64, 2) and mean.shape == (64, 2)
+        with torch.no_grad():
+            np.testing.assert_allclose(mean, model.pi(torch.from_numpy(obs)).numpy(), rtol=1e-4, atol=1e-5)
 
 
 def test_discrete_sampling_follows_the_policy_distribution():

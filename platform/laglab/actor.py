@@ -177,12 +177,20 @@ class Actor:
         env_s = infer_s = 0.0
         st = self.stats
         obs = self.obs[sel]
+        # per env, kept locally and written back once (a step's few numpy calls, not their arithmetic, are the
+        # cost): the discounted return, and the episode's return and length up to ``begin`` (the first step of
+        # this rollout that belongs to the running episode and is not yet summed into ``ep_ret``)
+        disc = self.disc_return[sel].copy()
+        ep_ret = self.ep_return[sel].copy()
+        begin = np.zeros(E, dtype=np.int64)
+        rew64 = np.empty((T, E), dtype=np.float64)  # the env's rewards as it gave them (episode returns sum these)
         beat = self.heartbeat
         check = newest if self.cfg.actor.refresh_lag is not None else None
         for step in range(T):
             if beat is not None:
                 beat()
             if check is not None and step % check_every == 0 and self.stale(check()):
+                self._write_back(sel, disc, ep_ret, begin, rew64, step)
                 return self._discard(sel, index, obs, start_t, step, episodes, env_s, infer_s)
             t0 = time.perf_counter()
             mask = None
@@ -209,29 +217,34 @@ class Actor:
             val_buf[step] = v
             term_buf[step] = res.terminated
             trunc_buf[step] = res.truncated
-            rew_buf[step] = res.rewards
+            rew64[step] = res.rewards
             done = res.terminated | res.truncated
             if nxt is not None:
                 h = np.where(done.reshape((-1,) + (1,) * (nxt.ndim - 1)), np.float32(0.0), nxt)
                 self.h[sel] = h
-            acc = discounted_return(self.disc_return[sel], res.rewards, self.gamma)
+            acc = discounted_return(disc, res.rewards, self.gamma)
             ret_buf[step] = acc
-            self.disc_return[sel] = np.where(done, 0.0, acc)
-            self.ep_return[sel] += res.rewards
-            for i in np.flatnonzero(res.truncated):
-                final_obs[i].append(res.final_obs[i])
-            self.t[sel] += 1
-            self.episode_t[sel] += 1
             if done.any():
+                disc = np.where(done, 0.0, acc)
+                for i in np.flatnonzero(res.truncated):
+                    final_obs[i].append(res.final_obs[i])
                 for i in np.flatnonzero(done):
                     g = int(index[i])
-                    episodes.append(Episode(self.actor_id, g, float(self.ep_return[g]), int(self.episode_t[g])))
-                    self.ep_return[g] = 0.0
-                    self.episode_t[g] = 0
+                    ret = float(ep_ret[i] + rew64[begin[i]:step + 1, i].sum())
+                    length = int(self.episode_t[g]) + step + 1
+                    episodes.append(Episode(self.actor_id, g, ret, length))
+                    ep_ret[i] = 0.0
+                    begin[i] = step + 1
+                    self.episode_t[g] = -(step + 1)  # (+ T at the write-back: the steps after this one)
                     self.episode_id[g] += 1
+            else:
+                disc = acc
             obs = res.next_obs
             infer_s += t1 - t0
             env_s += t2 - t1
+        self._write_back(sel, disc, ep_ret, begin, rew64, T)
+        self.t[sel] += T
+        rew_buf[:] = rew64
         self.obs[sel] = obs
         version = self.snapshot.version
         no_final = np.empty((0,) + spec.obs_shape, dtype=np.float32)
@@ -274,6 +287,17 @@ class Actor:
         st.env_s += env_s
         st.infer_s += infer_s
         return Rollout(frags, episodes, T * E, env_s, infer_s)
+
+    def _write_back(self, sel, disc: np.ndarray, ep_ret: np.ndarray, begin: np.ndarray, rew64: np.ndarray,
+                    taken: int) -> None:
+        """Store the per-env running figures a rollout kept locally after ``taken`` of its steps: the discounted
+        return, each running episode's return (the rewards since ``begin`` added) and length (an episode that
+        began at step ``begin`` of this rollout holds ``-begin`` in ``episode_t``: it has ``taken - begin`` steps)."""
+        self.disc_return[sel] = disc
+        for i in range(len(begin)):
+            ep_ret[i] += rew64[begin[i]:taken, i].sum()
+        self.ep_return[sel] = ep_ret
+        self.episode_t[sel] += taken
 
     def _discard(self, sel, index: np.ndarray, obs: np.ndarray, start_t: np.ndarray, taken: int,
                  episodes: List[Episode], env_s: float, infer_s: float) -> Rollout:

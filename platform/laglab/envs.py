@@ -361,7 +361,7 @@ class EnvGroup:
                 self.masks = masks
             else:
                 self.masks[np.asarray(which, dtype=np.int64)] = masks
-        return StepResult(np.stack(next_obs).astype(np.float32), rewards, term, trunc, final, masks)
+        return StepResult(np.array(next_obs, dtype=np.float32), rewards, term, trunc, final, masks)
 
     def close(self) -> None:
         for env in self.envs:

@@ -56,6 +56,11 @@ def _frozen(a: np.ndarray) -> np.ndarray:
 NP_ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0), "elu": lambda x: np.where(x > 0, x, np.expm1(x))}
 
 
+# the widest hidden layer at which the actors run the policy and value MLPs as one network (InferencePolicy._fuse):
+# measured in benchmarks/inference.py
+FUSE_MAX_WIDTH = 64
+
+
 class InferencePolicy:
     """The actor's view of a snapshot: the same network as :class:`ActorCritic` (or, with ``recurrent`` gru | lstm,
     :class:`RecurrentActorCritic`), evaluated in numpy.
@@ -73,8 +78,13 @@ class InferencePolicy:
         self.act_fn = NP_ACTIVATIONS[activation]
         self.recurrent = None if recurrent in (None, "none") else recurrent
         if self.recurrent is None:
-            self.pi = self._layers(snap.weights, "pi.")
-            self.v = self._layers(snap.weights, "v.")
+            pi, v = self._layers(snap.weights, "pi."), self._layers(snap.weights, "v.")
+            self.n_out = spec.n_actions
+            # one network for both heads where it is cheaper: an actor's batches are a few rows, so each numpy
+            # call's overhead, not its arithmetic, is the cost -- up to the width where the block-diagonal
+            # layers' extra zeros cost more than the calls they save
+            self.fused = self._fuse(pi, v) if max(w.shape[1] for w, _ in pi[:-1]) <= FUSE_MAX_WIDTH else None
+            self.pi, self.v = pi, v
         else:
             self.enc = self._layers(snap.weights, "enc.")
             self.cell = Cell(self.recurrent, {k: snap.weights[f"core.{k}_l0"]  # (torch.nn.GRU / LSTM, one layer)
@@ -94,6 +104,23 @@ class InferencePolicy:
         idx = sorted({int(k[len(prefix):].split(".")[0]) for k in weights if k.startswith(prefix)})
         return [(np.ascontiguousarray(weights[f"{prefix}{i}.weight"].T), weights[f"{prefix}{i}.bias"]) for i in idx]
 
+    @staticmethod
+    def _fuse(pi, v):
+        """The policy and value MLPs (same hidden sizes) as one: the first layers side by side ([in, h + h]), each
+        later layer block-diagonal, so one product per layer serves both heads. The output's first columns are the
+        policy head's, its last the value. Equal to the two networks to float32 rounding (the zero blocks add
+        exact zeros; the sums' order may differ)."""
+        out = []
+        for k, ((wp, bp), (wv, bv)) in enumerate(zip(pi, v, strict=True)):
+            if k == 0:
+                w = np.concatenate([wp, wv], axis=1)
+            else:
+                w = np.zeros((wp.shape[0] + wv.shape[0], wp.shape[1] + wv.shape[1]), dtype=np.float32)
+                w[:wp.shape[0], :wp.shape[1]] = wp
+                w[wp.shape[0]:, wp.shape[1]:] = wv
+            out.append((np.ascontiguousarray(w, dtype=np.float32), np.concatenate([bp, bv]).astype(np.float32)))
+        return out
+
     def _mlp(self, layers, x: np.ndarray) -> np.ndarray:
         for w, b in layers[:-1]:
             x = self.act_fn(x @ w + b)
@@ -104,7 +131,10 @@ class InferencePolicy:
         """(policy head output, value, next state or None)."""
         x = obs.reshape(obs.shape[0], -1)
         if self.recurrent is None:
-            return self._mlp(self.pi, x), self._mlp(self.v, x)[:, 0], None
+            if self.fused is None:
+                return self._mlp(self.pi, x), self._mlp(self.v, x)[:, 0], None
+            out = self._mlp(self.fused, x)
+            return out[:, :self.n_out], out[:, self.n_out], None
         if state is None:
             raise ValueError("a recurrent policy needs the state of every env (zero at an episode's start)")
         for w, b in self.enc:
