@@ -122,31 +122,38 @@ import gymnasium as gym  # noqa: E402
 
 LEDGER_ID = "laglab_test/Ledger-v0"
 LEDGER: dict = {}  # env instance -> [(return, length)] of every episode it finished, summed in the env itself
+STEPS: dict = {}  # env instance -> per step: (episode index, its steps before this one, discounted return after, reward)
 
 
 class LedgerEnv(gym.Env):
     """Episodes of random length (1..max_len; every third one truncated by the env, not terminated) with
-    non-integer rewards; the env itself keeps the truth: each finished episode's return (a float64 sum, step by
-    step) and length, per instance."""
+    non-integer rewards; the env itself keeps the truth, per instance: each finished episode's return (a float64
+    sum, step by step) and length, and per step the episode's index, its steps so far and its discounted return
+    (gamma as the actor's). ``fail_after``: the instance raises on that step (counting from 1)."""
 
-    def __init__(self, max_len: int = 40):
-        self.max_len = max_len
+    def __init__(self, max_len: int = 40, gamma: float = 0.9, fail_after: int = 0):
+        self.max_len, self.gamma, self.fail_after = max_len, gamma, fail_after
         self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
         self.action_space = gym.spaces.Discrete(2)
-        self.instance, self.episodes = 0, 0
+        self.instance, self.episodes, self.steps = 0, 0, 0
 
     def set_instance(self, i: int) -> None:
         self.instance = i
-        LEDGER[i] = []
+        LEDGER[i], STEPS[i] = [], []
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         self.len = int(self.np_random.integers(1, self.max_len + 1))
-        self.t, self.ret = 0, 0.0
+        self.t, self.ret, self.disc = 0, 0.0, 0.0
         return np.zeros(2, np.float32), {}
 
     def step(self, action):
+        self.steps += 1
+        if self.steps == self.fail_after:
+            raise RuntimeError("the simulator crashed")
         r = float(self.np_random.normal()) * 0.37 + 0.1 * int(action)
+        self.disc = self.disc * self.gamma + r
+        STEPS[self.instance].append((self.episodes, self.t, self.disc, r))
         self.t += 1
         self.ret += r
         end = self.t >= self.len
@@ -160,37 +167,69 @@ class LedgerEnv(gym.Env):
 gym.register(LEDGER_ID, entry_point=LedgerEnv)
 
 
-def test_episode_returns_and_lengths_are_the_envs_own_across_rollouts_subsets_and_discards():
-    """The actor's episode log (return, length, which env) equals the ledger each env keeps itself, for episodes
-    that span rollouts, several that end in one rollout, rollouts of a subset of the envs (the sync runner's), and
-    a rollout discarded part-way (actor.refresh_lag: its steps still belong to their episodes)."""
-    cfg = small_cfg(env={"id": LEDGER_ID}, actor={"envs_per_actor": 4, "rollout_len": 16, "refresh_lag": 1})
+def _ledger_cfg(**kwargs):
+    return small_cfg(env={"id": LEDGER_ID, "kwargs": {"gamma": 0.9, **kwargs}}, algo={"advantage": {"gamma": 0.9}},
+                     actor={"envs_per_actor": 4, "rollout_len": 16, "refresh_lag": 1})
+
+
+def test_episodes_and_fragments_are_the_envs_own_across_rollouts_subsets_and_discards():
+    """The actor's episode log (return, length, which env) equals the ledger each env keeps itself, and every
+    fragment's identity (episode, its step at the fragment's start) and running discounted return (what reward
+    scaling reads) equal the env's own, for episodes that span rollouts, several that end in one rollout, rollouts
+    of a subset of the envs (the sync runner's), and rollouts discarded part-way (actor.refresh_lag: their steps
+    still belong to their episodes)."""
+    cfg = _ledger_cfg()
     actor = Actor(cfg, actor_id=3, incarnation=1)
     actor.load(constant_value_snapshot(cfg))
     got = {e: [] for e in range(4)}
-    discards = 0
+    pos = [0] * 4  # per env: the env steps before the next fragment's first
+    discards = checked = 0
     for k in range(40):
         if k % 7 == 3:  # the newest moves 2 versions ahead at step 1 + k % 5: discarded there
             calls = []
             ro = actor.collect(newest=lambda: 0 if calls.append(1) or len(calls) <= 1 + k % 5 else 2)
-            assert ro.discarded > 0 and ro.fragments == []
+            assert ro.discarded == 4 * (1 + k % 5) and ro.fragments == []
+            pos = [p + ro.discarded // 4 for p in pos]
             discards += 1
         elif k % 4 == 1:
             ro = actor.collect(envs=[2, 0], newest=lambda: 0)
         else:
             ro = actor.collect(newest=lambda: 0)
+        for f in ro.fragments:
+            e = f.id.env_index
+            truth = STEPS[12 + e][pos[e]:pos[e] + 16]
+            assert (f.id.episode_id, f.id.episode_t0) == truth[0][:2]
+            np.testing.assert_allclose(f.disc_return, [d for _, _, d, _ in truth], rtol=1e-6, atol=1e-6)
+            pos[e] += 16
+            checked += 1
         for ep in ro.episodes:
             assert ep.actor_id == 3
             got[ep.env_index].append((ep.ret, ep.length))
-    assert discards >= 5
+    assert discards >= 5 and checked >= 100
     for e in range(4):
-        want = LEDGER[3 * 4 + e]
+        want = LEDGER[12 + e]
         assert len(want) >= 10 and len(got[e]) == len(want)
         assert [n for _, n in got[e]] == [n for _, n in want]
         np.testing.assert_allclose([r for r, _ in got[e]], [r for r, _ in want], rtol=1e-12, atol=1e-12)
-    # and the running episode's figures carry on: the next episode of env 0 ends with the ledger's figures too
-    before = len(LEDGER[12])
-    while len(LEDGER[12]) == before:
-        ro = actor.collect(newest=lambda: 0)
-        got[0] += [(ep.ret, ep.length) for ep in ro.episodes if ep.env_index == 0]
-    assert got[0][before] == pytest.approx(LEDGER[12][before], rel=1e-12)
+
+
+def test_an_env_that_raises_mid_rollout_leaves_the_counters_at_the_last_whole_step():
+    """Env 0 of the group raises part-way through a rollout: the actor's per-env counters (episode, its steps and
+    return, the discounted return) are the envs' own after the steps that completed -- never a rollout's
+    half-written state."""
+    cfg = _ledger_cfg(fail_after=16 * 3 + 7)
+    actor = Actor(cfg, actor_id=0, incarnation=1)
+    actor.load(constant_value_snapshot(cfg))
+    for _ in range(3):
+        actor.collect()
+    with pytest.raises(RuntimeError, match="crashed"):
+        actor.collect()
+    for e in range(4):
+        assert len(STEPS[e]) == 16 * 3 + 6  # every env took the six whole steps (env 0 steps first)
+        episode, t, disc, _ = STEPS[e][-1]
+        ended = len(LEDGER[e]) > episode  # the last whole step ended its episode
+        assert actor.t[e] == 16 * 3 + 6 and actor.episode_id[e] == len(LEDGER[e])
+        assert actor.episode_t[e] == (0 if ended else t + 1)
+        assert actor.disc_return[e] == pytest.approx(0.0 if ended else disc, abs=1e-12)
+        running = [r for ep, _, _, r in STEPS[e] if ep == episode and not ended]
+        assert actor.ep_return[e] == pytest.approx(sum(running), rel=1e-12, abs=1e-12)

@@ -136,3 +136,20 @@ def test_the_learners_tanh_is_chosen_per_run_and_a_row_does_not_depend_on_its_ba
         full = model.value(obs)
         part = model.value(obs[:64])
     assert torch.equal(full[:64], part)
+
+
+def test_a_non_finite_value_weight_never_reaches_the_policy_head():
+    """The fused network's zero blocks would turn an inf in the value MLP into NaN logits: with a non-finite weight
+    the two MLPs run apart, so actions and log-probs stay the policy's own."""
+    torch.manual_seed(0)
+    model = ActorCritic(DISCRETE, (16, 16), "tanh")
+    with torch.no_grad():
+        model.v[0].weight[0, 0] = float("inf")
+    pol = InferencePolicy(Snapshot.make(0, model, np.zeros(4), np.ones(4)), DISCRETE)
+    assert pol.fused is None
+    obs = _obs(DISCRETE, 8)
+    a, logp, v, *_ = pol.act(obs, np.random.default_rng(0))
+    assert np.isfinite(logp).all()
+    with torch.no_grad():
+        np.testing.assert_allclose(logp, model.logp_entropy(torch.from_numpy(obs), torch.from_numpy(a))[0].numpy(),
+                                   rtol=1e-4, atol=1e-5)

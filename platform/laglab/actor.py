@@ -186,62 +186,73 @@ class Actor:
         rew64 = np.empty((T, E), dtype=np.float64)  # the env's rewards as it gave them (episode returns sum these)
         beat = self.heartbeat
         check = newest if self.cfg.actor.refresh_lag is not None else None
-        for step in range(T):
-            if beat is not None:
-                beat()
-            if check is not None and step % check_every == 0 and self.stale(check()):
-                self._write_back(sel, disc, ep_ret, begin, rew64, step)
-                return self._discard(sel, index, obs, start_t, step, episodes, env_s, infer_s)
-            t0 = time.perf_counter()
-            mask = None
-            if mask_buf is not None:
-                mask = self.envs.masks[sel]
-                mask_buf[step] = mask
-            a_np, logp, v, mean, log_std, nxt = self.policy.act(self._norm(obs), self.rng, mask, h)
-            if spec.discrete:
-                env_a = a_np
-            else:
-                env_a = np.clip(a_np, self._low, self._high)
-                mean_buf[step] = mean
-                lstd_buf[step] = log_std
-            t1, c1 = time.perf_counter(), time.thread_time()
-            res = self.envs.step(env_a, None if envs is None else index)
-            t2 = time.perf_counter()
-            st.env_cpu_s += time.thread_time() - c1
-            if self.first_step_t is None:
-                self.first_step_t = time.monotonic()
-                timeline.mark("first_env_step", self.first_step_t)  # (in-process runners; a process: its status)
-            obs_buf[step] = obs
-            act_buf[step] = a_np
-            logp_buf[step] = logp
-            val_buf[step] = v
-            term_buf[step] = res.terminated
-            trunc_buf[step] = res.truncated
-            rew64[step] = res.rewards
-            done = res.terminated | res.truncated
-            if nxt is not None:
-                h = np.where(done.reshape((-1,) + (1,) * (nxt.ndim - 1)), np.float32(0.0), nxt)
-                self.h[sel] = h
-            acc = discounted_return(disc, res.rewards, self.gamma)
-            ret_buf[step] = acc
-            if done.any():
-                disc = np.where(done, 0.0, acc)
-                for i in np.flatnonzero(res.truncated):
-                    final_obs[i].append(res.final_obs[i])
-                for i in np.flatnonzero(done):
-                    g = int(index[i])
-                    ret = float(ep_ret[i] + rew64[begin[i]:step + 1, i].sum())
-                    length = int(self.episode_t[g]) + step + 1
-                    episodes.append(Episode(self.actor_id, g, ret, length))
-                    ep_ret[i] = 0.0
-                    begin[i] = step + 1
-                    self.episode_t[g] = -(step + 1)  # (+ T at the write-back: the steps after this one)
-                    self.episode_id[g] += 1
-            else:
-                disc = acc
-            obs = res.next_obs
-            infer_s += t1 - t0
-            env_s += t2 - t1
+        step, stale_at = 0, None
+        try:
+            for step in range(T):
+                if beat is not None:
+                    beat()
+                if check is not None and step % check_every == 0 and self.stale(check()):
+                    stale_at = step
+                    break
+                t0 = time.perf_counter()
+                mask = None
+                if mask_buf is not None:
+                    mask = self.envs.masks[sel]
+                    mask_buf[step] = mask
+                a_np, logp, v, mean, log_std, nxt = self.policy.act(self._norm(obs), self.rng, mask, h)
+                if spec.discrete:
+                    env_a = a_np
+                else:
+                    env_a = np.clip(a_np, self._low, self._high)
+                    mean_buf[step] = mean
+                    lstd_buf[step] = log_std
+                t1, c1 = time.perf_counter(), time.thread_time()
+                res = self.envs.step(env_a, None if envs is None else index)
+                t2 = time.perf_counter()
+                st.env_cpu_s += time.thread_time() - c1
+                if self.first_step_t is None:
+                    self.first_step_t = time.monotonic()
+                    timeline.mark("first_env_step", self.first_step_t)  # (in-process runners; a process: its status)
+                obs_buf[step] = obs
+                act_buf[step] = a_np
+                logp_buf[step] = logp
+                val_buf[step] = v
+                term_buf[step] = res.terminated
+                trunc_buf[step] = res.truncated
+                rew64[step] = res.rewards
+                done = res.terminated | res.truncated
+                if nxt is not None:
+                    h = np.where(done.reshape((-1,) + (1,) * (nxt.ndim - 1)), np.float32(0.0), nxt)
+                    self.h[sel] = h
+                acc = discounted_return(disc, res.rewards, self.gamma)
+                ret_buf[step] = acc
+                if done.any():
+                    disc = np.where(done, 0.0, acc)
+                    for i in np.flatnonzero(res.truncated):
+                        final_obs[i].append(res.final_obs[i])
+                    for i in np.flatnonzero(done):
+                        g = int(index[i])
+                        ret = float(ep_ret[i] + rew64[begin[i]:step + 1, i].sum())
+                        length = int(self.episode_t[g]) + step + 1
+                        episodes.append(Episode(self.actor_id, g, ret, length))
+                        ep_ret[i] = 0.0
+                        begin[i] = step + 1
+                        self.episode_t[g] = -(step + 1)  # (+ T at the write-back: the steps after this one)
+                        self.episode_id[g] += 1
+                else:
+                    disc = acc
+                obs = res.next_obs
+                infer_s += t1 - t0
+                env_s += t2 - t1
+        except BaseException:
+            # an env or the policy raised at ``step``: the counters stand where the last whole step left them (as
+            # when they were kept per step), whatever the runner does with this actor next
+            self._write_back(sel, disc, ep_ret, begin, rew64, step)
+            self.t[sel] += step
+            raise
+        if stale_at is not None:
+            self._write_back(sel, disc, ep_ret, begin, rew64, stale_at)
+            return self._discard(sel, index, obs, start_t, stale_at, episodes, env_s, infer_s)
         self._write_back(sel, disc, ep_ret, begin, rew64, T)
         self.t[sel] += T
         rew_buf[:] = rew64

@@ -290,21 +290,23 @@ def usable_cpus() -> int:
 
 
 def auto_actors(runner: Any, cpus: int) -> int:
-    """The actor count ``actors=auto`` picks for ``runner`` on ``cpus`` usable CPUs: one actor per CPU the
-    learner does not use, at least one (thread: one, whatever the CPUs: its actors share the learner's GIL).
+    """The actor count ``actors=auto`` picks for ``runner`` on ``cpus`` usable CPUs: one actor per CPU (the actors
+    run at nice 19, so the learner keeps the core it needs), at least one (thread: one, whatever the CPUs: its actors
+    share the learner's GIL).
 
-    Measured on this project's 2-CPU machine (``benchmarks/actors_auto.py``, medians of 3 interleaved runs; the
-    actors-knee study, reports/actors_knee_cartpole): with torch's learner step the learner was the bottleneck, so the
-    fewest actors within 5% of the fastest SPS were 1 on 1 and on 2 CPUs, for the process and the thread runner, on
-    CartPole and on HalfCheetah; and KL(behavior || current) left seed 004's band between 2 and 4 actors while one
-    actor reached a solved CartPole fastest. With the numpy learner step (learner.backend, 2026-12-04) the process
-    runner on 2 CPUs was fastest at 3 actors by 7-8% (CartPole 41.9k SPS vs 38.8k at 1; HalfCheetah 14.2k vs 13.0k;
-    within the runs' spread), at a mean lag of 1.04-1.07 instead of 0.80-0.84: the rule keeps 1 until that lag's
-    cost per env step is measured. The sync runner follows the process runner's rule, so ``runner=sync``
-    beside a default run is the matched baseline (the same envs). More CPUs than two were not measured here:
-    ``cpus - 1`` assumes that an actor per free core keeps a learner of this speed fed."""
+    Measured on this project's 2-CPU machine. Until 2026-12-04 the learner's torch step was the bottleneck and the rule
+    was one actor per CPU the learner does not use (1 here: benchmarks/actors_auto.py, reports/actors_knee_cartpole).
+    With the numpy learner step (learner.backend) the one actor became the bottleneck; reports/actors_default_cartpole
+    and _halfcheetah (sweeps/actors_default.yaml: the process runner at 1, 2 and 3 actors, each at its own tuned lr,
+    10 held-out seeds) measured, against 1 actor: CartPole 2 actors +11% SPS at the same AUC per env step (-1.4
+    [-9, +10] of 450) and the shortest time to 475; 3 actors +20% SPS but -20 [-30, -10] AUC and no sooner to 475;
+    HalfCheetah 2 actors +32% SPS, the same final return, 7% less AUC per env step (-83 [-229, -26]) and sooner to
+    1,500 (IQM 39 s vs 43 s, overlapping intervals). So 2 on 2 CPUs; 1 CPU keeps 1 (the actor and the learner share
+    it). The sync runner follows the process runner's rule, so ``runner=sync`` beside a default run is the matched
+    baseline (the same envs). More CPUs than two were not measured here: one actor per CPU assumes that the learner,
+    at nice 0, keeps up with that many."""
     kind = str(getattr(runner, "value", runner))
-    return 1 if kind == "thread" else max(1, int(cpus) - 1)
+    return 1 if kind == "thread" else max(1, int(cpus))
 
 
 # torch_threads=auto gives the update more than one thread only from this much work per minibatch step

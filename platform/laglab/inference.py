@@ -83,7 +83,10 @@ class InferencePolicy:
             # one network for both heads where it is cheaper: an actor's batches are a few rows, so each numpy
             # call's overhead, not its arithmetic, is the cost -- up to the width where the block-diagonal
             # layers' extra zeros cost more than the calls they save
-            self.fused = self._fuse(pi, v) if max(w.shape[1] for w, _ in pi[:-1]) <= FUSE_MAX_WIDTH else None
+            # (and only with finite weights: a zero block times an inf is a NaN, which would reach the other head)
+            narrow = max((w.shape[1] for w, _ in pi[:-1]), default=0) <= FUSE_MAX_WIDTH
+            finite = all(np.isfinite(w).all() and np.isfinite(b).all() for w, b in pi + v)
+            self.fused = self._fuse(pi, v) if narrow and finite else None
             self.pi, self.v = pi, v
         else:
             self.enc = self._layers(snap.weights, "enc.")
@@ -109,7 +112,8 @@ class InferencePolicy:
         """The policy and value MLPs (same hidden sizes) as one: the first layers side by side ([in, h + h]), each
         later layer block-diagonal, so one product per layer serves both heads. The output's first columns are the
         policy head's, its last the value. Equal to the two networks to float32 rounding (the zero blocks add
-        exact zeros; the sums' order may differ)."""
+        exact zeros -- for finite hidden values: an inf in one head's layer would make the other's output NaN;
+        the sums' order may differ)."""
         out = []
         for k, ((wp, bp), (wv, bv)) in enumerate(zip(pi, v, strict=True)):
             if k == 0:
