@@ -4,7 +4,7 @@ import torch
 
 from laglab.algo import LOG_STD_MAX, LOG_STD_MIN
 from laglab.envs import EnvSpec
-from laglab.inference import FUSE_MAX_WIDTH
+from laglab.inference import FUSE_MAX_ROWS, FUSE_MAX_WIDTH
 from laglab.policy import ActorCritic, InferencePolicy, Snapshot
 
 DISCRETE = EnvSpec((4,), True, 3)
@@ -25,7 +25,15 @@ def test_inference_policy_agrees_with_torch_model(spec, activation, hidden):
     snap = Snapshot.make(3, model, np.zeros(spec.obs_shape), np.ones(spec.obs_shape))
     pol = InferencePolicy(snap, spec, activation)
     assert (pol.fused is None) == (max(hidden) > FUSE_MAX_WIDTH)
-    obs = _obs(spec)
+    fused, mlp = [], pol._mlp
+    pol._mlp = lambda layers, x: fused.append(layers is pol.fused) or mlp(layers, x)
+    _agrees(model, pol, spec, activation, _obs(spec, FUSE_MAX_ROWS))  # fused where narrow enough
+    assert fused == ([False, False] if pol.fused is None else [True])
+    _agrees(model, pol, spec, activation, _obs(spec, FUSE_MAX_ROWS + 1))  # past FUSE_MAX_ROWS: the two networks
+    assert fused[-2:] == [False, False]
+
+
+def _agrees(model, pol, spec, activation, obs):
     a, logp, v, mean, log_std, _ = pol.act(obs, np.random.default_rng(1))
     with torch.no_grad():
         t_logp, _ = model.logp_entropy(torch.from_numpy(obs), torch.from_numpy(a))
@@ -35,7 +43,7 @@ def test_inference_policy_agrees_with_torch_model(spec, activation, hidden):
     if spec.discrete:
         assert a.dtype == np.int64 and set(np.unique(a)) <= {0, 1, 2}
     else:
-        assert a.shape == (64, 2) and mean.shape == (64, 2)
+        assert a.shape == (len(obs), 2) and mean.shape == (len(obs), 2)
         with torch.no_grad():
             np.testing.assert_allclose(mean, model.pi(torch.from_numpy(obs)).numpy(), rtol=1e-4, atol=1e-5)
 

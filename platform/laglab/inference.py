@@ -56,9 +56,11 @@ def _frozen(a: np.ndarray) -> np.ndarray:
 NP_ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0), "elu": lambda x: np.where(x > 0, x, np.expm1(x))}
 
 
-# the widest hidden layer at which the actors run the policy and value MLPs as one network (InferencePolicy._fuse):
-# measured in benchmarks/inference.py
+# the widest hidden layer, and the most rows (envs per call), at which the actors run the policy and value MLPs as
+# one network (InferencePolicy._fuse): past either, its zero blocks cost more than the calls it saves
+# (benchmarks/inference.py: 0.83-0.86x the two networks' time at 64 wide and 8 rows, 0.96-1.01x at 32, 1.1-1.3x from 64)
 FUSE_MAX_WIDTH = 64
+FUSE_MAX_ROWS = 32
 
 
 class InferencePolicy:
@@ -135,7 +137,7 @@ class InferencePolicy:
         """(policy head output, value, next state or None)."""
         x = obs.reshape(obs.shape[0], -1)
         if self.recurrent is None:
-            if self.fused is None:
+            if self.fused is None or x.shape[0] > FUSE_MAX_ROWS:
                 return self._mlp(self.pi, x), self._mlp(self.v, x)[:, 0], None
             out = self._mlp(self.fused, x)
             return out[:, :self.n_out], out[:, self.n_out], None
