@@ -237,7 +237,7 @@ class Actor:
                         episodes.append(Episode(self.actor_id, g, ret, length))
                         ep_ret[i] = 0.0
                         begin[i] = step + 1
-                        self.episode_t[g] = -(step + 1)  # (+ T at the write-back: the steps after this one)
+                        self.episode_t[g] = -(step + 1)  # (+ the steps taken, at the write-back: its length then)
                         self.episode_id[g] += 1
                 else:
                     disc = acc
