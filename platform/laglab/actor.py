@@ -160,7 +160,6 @@ class Actor:
         spec = self.spec
         obs_buf = np.empty((T, E) + spec.obs_shape, dtype=np.float32)
         act_buf = np.empty((T, E) + spec.action_shape, dtype=np.int64 if spec.discrete else np.float32)
-        rew_buf = np.empty((T, E), dtype=np.float32)
         ret_buf = np.empty((T, E), dtype=np.float32)
         term_buf = np.empty((T, E), dtype=bool)
         trunc_buf = np.empty((T, E), dtype=bool)
@@ -248,14 +247,12 @@ class Actor:
             # an env or the policy raised at ``step``: the counters stand where the last whole step left them (as
             # when they were kept per step), whatever the runner does with this actor next
             self._write_back(sel, disc, ep_ret, begin, rew64, step)
-            self.t[sel] += step
             raise
         if stale_at is not None:
             self._write_back(sel, disc, ep_ret, begin, rew64, stale_at)
             return self._discard(sel, index, obs, start_t, stale_at, episodes, env_s, infer_s)
         self._write_back(sel, disc, ep_ret, begin, rew64, T)
-        self.t[sel] += T
-        rew_buf[:] = rew64
+        rew_buf = rew64.astype(np.float32)
         self.obs[sel] = obs
         version = self.snapshot.version
         no_final = np.empty((0,) + spec.obs_shape, dtype=np.float32)
@@ -301,9 +298,11 @@ class Actor:
 
     def _write_back(self, sel, disc: np.ndarray, ep_ret: np.ndarray, begin: np.ndarray, rew64: np.ndarray,
                     taken: int) -> None:
-        """Store the per-env running figures a rollout kept locally after ``taken`` of its steps: the discounted
-        return, each running episode's return (the rewards since ``begin`` added) and length (an episode that
-        began at step ``begin`` of this rollout holds ``-begin`` in ``episode_t``: it has ``taken - begin`` steps)."""
+        """Store the per-env running figures a rollout kept locally after ``taken`` of its steps: the streams'
+        step counters, the discounted return, each running episode's return (the rewards since ``begin`` added) and
+        length (an episode that began at step ``begin`` of this rollout holds ``-begin`` in ``episode_t``: it has
+        ``taken - begin`` steps)."""
+        self.t[sel] += taken
         self.disc_return[sel] = disc
         for i in range(len(begin)):
             ep_ret[i] += rew64[begin[i]:taken, i].sum()
