@@ -17,6 +17,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # (as an actor process runs)
 import numpy as np  # noqa: E402
 
 from laglab.envs import EnvSpec  # noqa: E402
+import laglab.inference as inference  # noqa: E402
 from laglab.inference import InferencePolicy  # noqa: E402
 from laglab.policy import ActorCritic, Snapshot  # noqa: E402
 
@@ -47,6 +48,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=5000)
     ap.add_argument("--blocks", type=int, default=5)
     args = ap.parse_args()
+    inference.FUSE_MAX_ROWS = 1 << 30  # both contenders at every batch size, whatever FUSE_MAX_ROWS says
     print("| shape | hidden | batch | separate us/call | fused us/call | fused / separate |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, spec in SHAPES.items():
