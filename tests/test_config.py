@@ -107,6 +107,16 @@ def test_bad_actor_counts_are_refused(value):
         validate(_compose(f"actors={value}"))
 
 
+def test_the_cartpole_preset_leads_by_three_batches_the_others_by_two():
+    # (sweeps/lead_default.yaml: free per env step on CartPole at 2 and 8 actors; HalfCheetah keeps the default)
+    for actors, per_actor in ((2, 1536), (8, 384), (1, 3072)):
+        assert validate(_compose(f"actors={actors}")).actor.max_lead_steps == per_actor
+    assert validate(_compose("actors=2", "env=halfcheetah")).actor.max_lead_steps == 2048  # 2 x 2048 / 2
+    assert validate(_compose("actors=2", "env=pendulum")).actor.max_lead_steps == 2 * 2048 // 2
+    assert validate(_compose("actors=2", "actor.max_lead_steps=512")).actor.max_lead_steps == 512  # the command wins
+    assert validate(_compose("actors=2", "actor.max_lead_steps=null")).actor.max_lead_steps is None
+
+
 def test_env_preset_sets_its_own_budget_but_command_line_wins():
     assert validate(_compose("env=hopper")).total_env_steps == 1_000_000
     assert validate(_compose("env=hopper", "total_env_steps=5000")).total_env_steps == 5000
