@@ -117,6 +117,15 @@ def test_the_cartpole_preset_leads_by_three_batches_the_others_by_two():
     assert validate(_compose("actors=2", "actor.max_lead_steps=null")).actor.max_lead_steps is None
 
 
+def test_the_sweeps_that_ran_before_the_cartpole_lead_pin_the_old_one():
+    # their documented figures were measured at 2 batches: re-running one must give that lead, not the preset's
+    sweeps = os.path.join(os.path.dirname(CONF), "sweeps")  # (train.py --config-dir sweeps: the same search path)
+    with initialize_config_dir(config_dir=sweeps, version_base="1.3"):
+        for name in ("actors_default", "actors_knee", "queue_policy"):
+            c = validate(compose(config_name=name, overrides=[f"hydra.searchpath=[file://{CONF}]", "actors=2"]))
+            assert c.env.id == "CartPole-v1" and c.actor.max_lead_steps == 1024, name
+
+
 def test_env_preset_sets_its_own_budget_but_command_line_wins():
     assert validate(_compose("env=hopper")).total_env_steps == 1_000_000
     assert validate(_compose("env=hopper", "total_env_steps=5000")).total_env_steps == 5000

@@ -21,7 +21,7 @@ def offline_run(tmp_path_factory):
     p = subprocess.run([sys.executable, "train.py", "actors=2", "total_env_steps=16384", "tracking.wandb.mode=offline",
                         "tracking.log_interval_s=0", "tracking.hist_every=1",
                         # drops (lag) and rejections (corrupted fragments), so the by-reason panels have keys to read:
-                        # 2 actors train on lag-1 data most updates (lag 2, which a cap of 1 needed, only some runs)
+                        # 2 actors train on lag-1 data in every run; lag 2, which a cap of 1 needed, a CI run once lacked
                         "learner.max_policy_lag=0", "chaos.corrupt_p=0.05", f"hydra.run.dir={d}"],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
