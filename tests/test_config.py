@@ -108,7 +108,7 @@ def test_bad_actor_counts_are_refused(value):
 
 
 def test_the_cartpole_preset_leads_by_three_batches_the_others_by_two():
-    # (sweeps/lead_default.yaml: free per env step on CartPole at 2 and 8 actors; HalfCheetah keeps the default)
+    # (sweeps/lead_default.yaml: no cost per env step detected on CartPole at 2 and 8 actors; HalfCheetah keeps 2)
     for actors, per_actor in ((2, 1536), (8, 384), (1, 3072)):
         assert validate(_compose(f"actors={actors}")).actor.max_lead_steps == per_actor
     assert validate(_compose("actors=2", "env=halfcheetah")).actor.max_lead_steps == 2048  # 2 x 2048 / 2

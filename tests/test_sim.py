@@ -186,13 +186,16 @@ def test_the_model_calibrated_on_one_real_run_predicts_another():
                      str(Path(tmp) / "costs.json"), "--json")
             assert q.returncode == 0, q.stderr
             pred = json.loads(q.stdout)
-            if not 0.6 < pred["sps"] / real[n]["sps"] < 1.6:
+            def sps_close():
+                return 0.6 < pred["sps"] / real[n]["sps"] < 1.6
+
+            if not sps_close():
                 # a real run's throughput is a measurement that other load on the machine only lowers (CI once
                 # measured 2,957 SPS for this run where quiet runs measure 4,000-4,200): measured once more, the
                 # faster of the two stands, as throughput benchmarks take the best of their repeats
                 again = train(n, Path(tmp) / f"a{n}_again")
                 real[n] = max(real[n], again, key=lambda s: s["sps"])
-            assert 0.6 < pred["sps"] / real[n]["sps"] < 1.6, (n, pred["sps"], real[n]["sps"])
+            assert sps_close(), (n, pred["sps"], real[n]["sps"])
             assert abs(pred["lag_mean"] - real[n]["lag"]["mean"]) < 1.0, (n, pred["lag_mean"], real[n]["lag"])
 
 
