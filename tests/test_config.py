@@ -124,6 +124,21 @@ def test_the_sweeps_that_ran_before_the_cartpole_lead_pin_the_old_one():
         for name in ("actors_default", "actors_knee", "queue_policy"):
             c = validate(compose(config_name=name, overrides=[f"hydra.searchpath=[file://{CONF}]", "actors=2"]))
             assert c.env.id == "CartPole-v1" and c.actor.max_lead_steps == 1024, name
+        # and the former rate, 1e-3 (the preset's is 4e-3 since reports/preset_lr_cartpole), where a sweep sets none
+        for name, env in (("queue_policy", "cartpole"), ("staleness", "cartpole"), ("lag_cost", "cartpole"),
+                          ("lag_cost", "pendulum")):
+            c = validate(compose(config_name=name, overrides=[f"hydra.searchpath=[file://{CONF}]", f"env={env}"]))
+            assert c.learner.lr == 0.001, (name, env)
+            c = validate(compose(config_name=name, overrides=[f"hydra.searchpath=[file://{CONF}]", f"env={env}",
+                                                              "learner.lr=0.004"]))
+            assert c.learner.lr == 0.004, (name, env)  # a tuned study's command line still sets its own
+
+
+def test_the_cartpole_preset_steps_at_its_tuned_rate():
+    assert validate(_compose()).learner.lr == 0.004  # (reports/preset_lr_cartpole: 10 held-out seeds)
+    assert validate(_compose("env=pendulum")).learner.lr == 0.001
+    assert validate(_compose("env=halfcheetah")).learner.lr == 0.0003
+    assert validate(_compose("learner.lr=0.002")).learner.lr == 0.002
 
 
 def test_env_preset_sets_its_own_budget_but_command_line_wins():
