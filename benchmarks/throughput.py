@@ -5,7 +5,7 @@ where each actor's time goes (env, inference, throttle, blocked, snapshot copies
 runner=process with the Ray path's own cost per fragment.
 
     python benchmarks/throughput.py [--repeats 1] [--only cartpole,halfcheetah,latency,hetero,ray] [--out DIR]
-                                    [--set KEY=VALUE ...]
+                                    [--cartpole-steps N] [--halfcheetah-steps N] [--set KEY=VALUE ...]
 
 CartPole and HalfCheetah also run the default process run (what a user gets without ``actors=``), repeats
 interleaved, and print each run's fraction of the machine's ceiling: min(cores, actors + 1) x the sync runner's
@@ -99,6 +99,11 @@ def median_run(out: Path, name: str, overrides: List[str], repeats: int) -> Dict
     return median_of(name, [train(out, f"{name}-r{i}", overrides) for i in range(repeats)])
 
 
+def actors_overridden() -> bool:
+    """An ``--set actors=...`` makes the 'default' run another config than the explicit runs."""
+    return any(x.split("=", 1)[0].lstrip("+") == "actors" for x in EVERY_RUN)
+
+
 def median_of(name: str, runs: List[Dict[str, object]]) -> Dict[str, object]:
     repeats = len(runs)
     runs = sorted(runs, key=lambda r: r["sps"])
@@ -114,6 +119,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--only", default="cartpole,halfcheetah,latency,hetero,ray")
     ap.add_argument("--halfcheetah-steps", type=int, default=100_000)
+    ap.add_argument("--cartpole-steps", type=int, default=None,
+                    help="CartPole's budget (default: the preset's 200k; longer runs are less noisy)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="an override for every run (e.g. --set learner.backend=torch: the update by autograd)")
@@ -122,7 +129,8 @@ def main() -> None:
     out = args.out or Path(tempfile.mkdtemp(prefix="laglab-throughput-"))
     only = set(args.only.split(","))
     print(f"(run dirs under {out}; every run: {' '.join(EVERY_RUN) or 'the defaults'})\n")
-    for task, extra in [("cartpole", []), ("halfcheetah", ["env=halfcheetah",
+    cartpole = [f"total_env_steps={args.cartpole_steps}"] if args.cartpole_steps else []
+    for task, extra in [("cartpole", cartpole), ("halfcheetah", ["env=halfcheetah",
                                                            f"total_env_steps={args.halfcheetah_steps}"])]:
         if task not in only:
             continue
@@ -148,7 +156,15 @@ def main() -> None:
               f"{default['sps'] / ceiling(sync_sps, int(default['actors']) + 1):.2f} of the ceiling; "
               f"learner-bound estimate {bound:.2f}x sync (the sync run acted {best_sync['wait_s'] - best_sync['offer_s']:.1f} s "
               f"of {best_sync['wall']:.1f}: what an asynchronous run can hide behind learning), the default run "
-              f"reaches {default['sps'] / (bound * sync_sps):.2f} of it\n")
+              f"reaches {default['sps'] / (bound * sync_sps):.2f} of it")
+        same = f"{task} process a{default['actors']}"  # the default run's config, named explicitly
+        if same in reps and not actors_overridden():
+            pooled = sorted(float(r["sps"]) for r in reps[same] + reps[f"{task} process default"])
+            mid = (pooled[(len(pooled) - 1) // 2] + pooled[len(pooled) // 2]) / 2
+            print(f"pooled: the default run and '{same}' are one config here: the median of their {len(pooled)} runs, "
+                  f"{mid:,.0f} SPS, is **{mid / sync_sps:.2f}x** sync (single runs: "
+                  f"{pooled[0] / sync_sps:.2f}-{pooled[-1] / sync_sps:.2f}x)")
+        print()
     if "latency" in only:
         rows = []
         for actors in (2, 4):
