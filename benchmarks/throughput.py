@@ -49,6 +49,7 @@ def train(out: Path, name: str, overrides: List[str]) -> Dict[str, object]:
     share = {k: float(a[k].mean()) / wall for k in ("env_s", "infer_s", "throttle_s", "blocked_s", "snapshot_s")
              if k in a}
     return {"name": name, "sps": float(s["sps"]), "wall": wall, "final": s["final_return_mean"], "actors": s["actors"],
+            "runner": s["runner"],
             "lag": float(m["lag/mean"].mean()), "learner_wait": float(m["learner/wait_frac"].iloc[-1]),
             "wait_s": float(m["learner/wait_s"].sum()), "offer_s": float(m["learner/offer_s"].sum()), **share}
 
@@ -105,9 +106,12 @@ def actors_overridden() -> bool:
 
 
 def median_of(name: str, runs: List[Dict[str, object]]) -> Dict[str, object]:
+    """SPS: the median of the repeats (for an even count the mean of the middle two); the other columns: the run
+    at the lower middle."""
     repeats = len(runs)
     runs = sorted(runs, key=lambda r: r["sps"])
-    r = dict(runs[len(runs) // 2])
+    r = dict(runs[(len(runs) - 1) // 2])
+    r["sps"] = (float(runs[(len(runs) - 1) // 2]["sps"]) + float(runs[len(runs) // 2]["sps"])) / 2
     r["name"] = name
     if repeats > 1:
         r["name"] += f" (median of {repeats}: " + ", ".join(f"{x['sps']:,.0f}" for x in runs) + ")"
@@ -120,7 +124,8 @@ def main() -> None:
     ap.add_argument("--only", default="cartpole,halfcheetah,latency,hetero,ray")
     ap.add_argument("--halfcheetah-steps", type=int, default=100_000)
     ap.add_argument("--cartpole-steps", type=int, default=None,
-                    help="CartPole's budget (default: the preset's 200k; longer runs are less noisy)")
+                    help="CartPole's budget in its runner table (default: the preset's 200k; longer runs are less "
+                         "noisy; the ray table keeps 200k)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="an override for every run (e.g. --set learner.backend=torch: the update by autograd)")
@@ -157,13 +162,17 @@ def main() -> None:
               f"learner-bound estimate {bound:.2f}x sync (the sync run acted {best_sync['wait_s'] - best_sync['offer_s']:.1f} s "
               f"of {best_sync['wall']:.1f}: what an asynchronous run can hide behind learning), the default run "
               f"reaches {default['sps'] / (bound * sync_sps):.2f} of it")
-        same = f"{task} process a{default['actors']}"  # the default run's config, named explicitly
+        # the default run's config named explicitly: the same runner and actor count, nothing else set for every run
+        same = f"{task} {default['runner']} a{default['actors']}"
         if same in reps and not actors_overridden():
             pooled = sorted(float(r["sps"]) for r in reps[same] + reps[f"{task} process default"])
             mid = (pooled[(len(pooled) - 1) // 2] + pooled[len(pooled) // 2]) / 2
             print(f"pooled: the default run and '{same}' are one config here: the median of their {len(pooled)} runs, "
                   f"{mid:,.0f} SPS, is **{mid / sync_sps:.2f}x** sync (single runs: "
                   f"{pooled[0] / sync_sps:.2f}-{pooled[-1] / sync_sps:.2f}x)")
+        else:
+            print(f"(not pooled: the default run ({default['runner']}, {default['actors']} actors) has no explicit twin "
+                  "here)")
         print()
     if "latency" in only:
         rows = []
