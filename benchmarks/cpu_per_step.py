@@ -22,34 +22,25 @@ from pathlib import Path
 from typing import Dict, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "platform"))
+from laglab.run import descendants, proc_stats  # noqa: E402 - (imports torch: fine for a benchmark)
+
 TICK = os.sysconf("SC_CLK_TCK")
 
 
 def tree(root: int) -> Dict[int, Tuple[str, float]]:
     """{pid: (role, CPU seconds)} of ``root`` and its descendants now."""
-    stats = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    rest = f.read().rsplit(")", 1)[1].split()
-                with open(f"/proc/{d}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ")
-            except OSError:
-                continue
-            stats[int(d)] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / TICK, cmd)
-    mine, frontier = {root}, [root]
-    while frontier:
-        parent = frontier.pop()
-        for pid, (ppid, _, _) in stats.items():
-            if ppid == parent and pid not in mine:
-                mine.add(pid)
-                frontier.append(pid)
+    stats = proc_stats(reaped=False)
     out = {}
-    for pid in mine:
+    for pid in descendants(stats, root):
         if pid not in stats:
             continue
-        ppid, cpu, cmd = stats[pid]
+        ppid, ticks = stats[pid]
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ")
+        except OSError:
+            cmd = b""
         if pid == root:
             role = "learner (main process)"
         elif b"forkserver" in cmd and ppid != root:
@@ -62,7 +53,7 @@ def tree(root: int) -> Dict[int, Tuple[str, float]]:
             role = "exited (its command line is gone)"
         else:
             role = "other: " + cmd.decode(errors="replace")[:60]
-        out[pid] = (role, cpu)
+        out[pid] = (role, ticks / TICK)
     return out
 
 

@@ -106,6 +106,15 @@ def _cpu_jiffies() -> Tuple[int, int, int]:
     import os
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
+    stats = proc_stats(reaped=True)
+    total = sum(v[:8])
+    return total, total - v[3] - v[4], sum(stats[p][1] for p in descendants(stats, os.getpid()) if p in stats)
+
+
+def proc_stats(reaped: bool) -> Dict[int, Tuple[int, int]]:
+    """{pid: (ppid, CPU time in clock ticks)} of every process now: user + system time, and with ``reaped`` also
+    what each has reaped of its children."""
+    import os
     stats = {}
     for d in os.listdir("/proc"):
         if d.isdigit():
@@ -114,17 +123,21 @@ def _cpu_jiffies() -> Tuple[int, int, int]:
                     rest = f.read().rsplit(")", 1)[1].split()
             except OSError:  # (exited while we looked)
                 continue
-            stats[int(d)] = (int(rest[1]), sum(int(x) for x in rest[11:15]))  # ppid; utime stime cutime cstime
-    me = os.getpid()
-    mine, frontier = {me}, [me]
+            # ppid; utime + stime (+ cutime + cstime: what it reaped)
+            stats[int(d)] = (int(rest[1]), sum(int(x) for x in rest[11:15 if reaped else 13]))
+    return stats
+
+
+def descendants(stats: Dict[int, Tuple[int, int]], root: int) -> set:
+    """``root`` and every process below it in ``stats`` (a :func:`proc_stats` reading)."""
+    mine, frontier = {root}, [root]
     while frontier:
         parent = frontier.pop()
         for pid, (ppid, _) in stats.items():
             if ppid == parent and pid not in mine:
                 mine.add(pid)
                 frontier.append(pid)
-    total = sum(v[:8])
-    return total, total - v[3] - v[4], sum(stats[p][1] for p in mine if p in stats)
+    return mine
 
 
 def host_load_over(start: Optional[Tuple[int, int, int]]) -> Dict[str, Any]:
