@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -111,7 +112,7 @@ def median_of(name: str, runs: List[Dict[str, object]]) -> Dict[str, object]:
     repeats = len(runs)
     runs = sorted(runs, key=lambda r: r["sps"])
     r = dict(runs[(len(runs) - 1) // 2])
-    r["sps"] = (float(runs[(len(runs) - 1) // 2]["sps"]) + float(runs[len(runs) // 2]["sps"])) / 2
+    r["sps"] = statistics.median(float(x["sps"]) for x in runs)
     r["name"] = name
     if repeats > 1:
         r["name"] += f" (median of {repeats}: " + ", ".join(f"{x['sps']:,.0f}" for x in runs) + ")"
@@ -166,7 +167,7 @@ def main() -> None:
         same = f"{task} {default['runner']} a{default['actors']}"
         if same in reps and not actors_overridden():
             pooled = sorted(float(r["sps"]) for r in reps[same] + reps[f"{task} process default"])
-            mid = (pooled[(len(pooled) - 1) // 2] + pooled[len(pooled) // 2]) / 2
+            mid = statistics.median(pooled)
             print(f"pooled: the default run and '{same}' are one config here: the median of their {len(pooled)} runs, "
                   f"{mid:,.0f} SPS, is **{mid / sync_sps:.2f}x** sync (single runs: "
                   f"{pooled[0] / sync_sps:.2f}-{pooled[-1] / sync_sps:.2f}x)")
