@@ -83,6 +83,25 @@ def test_a_slow_learner_fills_the_queue_and_each_policy_acts_on_it():
         assert out["env_steps"] == out["trained_steps"] + out["staged_at_end_steps"] + lost
 
 
+def test_a_full_queue_stops_a_process_actor_only_once_its_slots_are_full():
+    # runner=process: behind a full queue (block) every actor's slots fill too, so each trained fragment had
+    # N x slots_per_actor more fragments ahead of it than the queue alone holds: N x (S2 - S1) / (fragments per
+    # batch) more versions of lag between two slot counts. Where the queue never holds the receiver up
+    # (drop_oldest), the slots are freed as they are read and the lag does not depend on them.
+    slow, lat = Costs(**{**FREE, "update_s": 0.05}), Latency("fixed", per_actor_ms=[0.0])
+    base = ("actors=4", "actor.max_lead_steps=null", "transport.capacity=32")
+    out = {(policy, s): simulate(cfg(*base, f"transport.policy={policy}", f"runner.slots_per_actor={s}"), slow, lat)
+           for policy in ("block", "drop_oldest") for s in (8, 32)}
+    c = cfg(*base)
+    need = c.learner.batch_size // c.actor.rollout_len
+    assert out["block", 32]["lag_mean"] - out["block", 8]["lag_mean"] == pytest.approx(4 * (32 - 8) / need, rel=0.05)
+    assert out["drop_oldest", 32]["lag_mean"] == pytest.approx(out["drop_oldest", 8]["lag_mean"], abs=1e-9)
+    assert out["block", 8]["actor_blocked_frac"] > 0.9  # (the actors wait for slots: the learner is the bottleneck)
+    for o in out.values():  # the books close with fragments still in slots at the end
+        lost = o["dropped_steps"]["lag"] + o["dropped_steps"]["overflow"] + o["rejected_steps"]
+        assert o["env_steps"] == o["trained_steps"] + o["staged_at_end_steps"] + lost
+
+
 @pytest.mark.parametrize("policy", ["reject", "drop_oldest"])
 def test_refused_or_evicted_data_does_not_hold_throttled_actors(policy):
     # the learner credits what was handed over, not only what it took (as starved_credits does): else every

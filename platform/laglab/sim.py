@@ -14,7 +14,13 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   (``Costs.fetch_s``), pauses while it is ``actor.max_lead_steps`` ahead of the credit the learner last gave it,
   and reserves the rollout from the step budget. It then hands its fragments (one per env) to the queue
   (``Costs.send_s`` each).
-* **The queue**: bounded in fragments and bytes, with the overflow policy (``block`` holds the actor until there
+* **Slots** (``runner=process``): an actor writes each fragment into a free shared-memory slot of its own
+  partition (``runner.slots_per_actor``; auto: two rollouts' worth) and waits while none is free; the learner's
+  receiver reads the slots in arrival order, each freed as it is read, and puts the fragment in the queue — under
+  ``block``, waiting for room with it in hand while the fragments behind it wait in their slots. So a full queue
+  stops an actor only once its slots are full: up to ``slots_per_actor`` fragments per actor wait beyond the
+  queue's capacity (the receiver's own CPU is not modelled apart: ``fragment_s`` is the learner's per fragment).
+* **The queue**: bounded in fragments and bytes, with the overflow policy (``block`` holds the producer until there
   is room, ``reject`` refuses the new fragment, ``drop_oldest`` evicts the oldest).
 * **Ray** (``runner=ray``): the learner drives each actor with rollout calls instead, at most
   ``runner.max_inflight`` outstanding per actor and only while the actor's lead allows (counting the calls in
@@ -270,7 +276,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     q = _Queue(env, cfg.transport.capacity, cfg.transport.max_bytes, Overflow(cfg.transport.policy), frag_bytes)
     st = {"version": 0, "reserved": 0, "produced": 0, "updates": 0, "learner_busy": 0.0, "kept": 0, "dropped_lag": 0,
           "trained": 0, "first_update": None, "done_actors": 0, "end": 0.0, "fetches": 0, "throttle_s": 0.0, "paused": 0,
-          "blocked_s": 0.0}
+          "blocked_s": 0.0, "in_slots": 0}
     history: Deque[int] = collections.deque([0], maxlen=(cfg.actor.fixed_lag or 0) + 1)
     published = [0]  # the version actors are given
     consumed = [0] * N  # per actor: steps the learner has taken (learner.consumed)
@@ -291,6 +297,14 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     held = [False] * N  # ray: actor i has no call and the throttle gives it none (as a paused process actor)
     answers = simpy.Store(env) if ray else None
     learner_priority = 1 if ray else 0  # process actors run at nice 19 (the learner preempts them); Ray workers do not
+    # runner=process: each actor's free slots, and the pipe its fragments' headers travel in to the receiver
+    slotted = cfg.runner.name.value == "process"
+    if slotted:
+        from .runners.slots import slots_per_actor
+
+        per_actor = slots_per_actor(cfg)
+        slots = [simpy.Container(env, capacity=per_actor, init=per_actor) for _ in range(N)]
+        pipe = simpy.Store(env)
 
     def issue(i: int) -> None:
         while not stopped[i] and inflight[i] < cfg.runner.max_inflight:
@@ -385,18 +399,32 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             yield from _cpu(env, cpu, E * costs.send_s, 1)
             for _ in range(E):
                 t0 = env.now
-                yield from q.put((i, T, version, env.now))
+                if slotted:  # a free slot of its own (blocked while every one waits for the receiver), then the header
+                    yield slots[i].get(1)
+                    st["in_slots"] += 1
+                    pipe.put((i, T, version, env.now))
+                else:
+                    yield from q.put((i, T, version, env.now))
                 sent[i] += T  # handed over (admitted, refused or later evicted: its fate is the queue's)
                 st["blocked_s"] += env.now - t0
         st["done_actors"] += 1
         q.wake()  # a learner waiting for data: it may be time to end
+
+    def slot_receiver():
+        """runner=process: headers in arrival order; each slot is copied out (freed) before its fragment waits for
+        room in the queue, and the headers behind it wait."""
+        while True:
+            i, steps, version, _ = yield pipe.get()
+            slots[i].put(1)
+            yield from q.put((i, steps, version, env.now))
+            st["in_slots"] -= 1  # (counted until it is in the queue: the learner ends only once none is on its way)
 
     def learner():
         staged: List[Tuple[int, int, int, float]] = []
         stuck = [-1]  # what had been produced at the last starved poll with every actor paused
         while True:
             if not q.items:
-                if st["done_actors"] == N:
+                if st["done_actors"] == N and st["in_slots"] == 0:
                     break
                 got = yield q.nonempty | env.timeout(cfg.runner.poll_s)
                 if not q.items:
@@ -450,6 +478,8 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
 
     for i in range(N):
         env.process(ray_actor(i) if ray else actor(i))
+    if slotted:
+        env.process(slot_receiver())
     if ray:
         env.process(receiver())
         for i in range(N):
