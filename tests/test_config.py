@@ -109,7 +109,7 @@ def test_bad_actor_counts_are_refused(value):
 
 def test_the_cartpole_preset_leads_by_four_batches_the_others_by_two():
     # (sweeps/lead_default.yaml: no cost per env step detected on CartPole for 3 batches against 2 at 2 and 8 actors,
-    # nor for 4 against 3 at 2 actors, reports/lead4_cartpole; HalfCheetah keeps 2)
+    # nor for 4 against 3 at 2 actors, reports/lead4_cartpole_at_4e3; HalfCheetah keeps 2)
     for actors, per_actor in ((2, 2048), (8, 512), (1, 4096)):
         assert validate(_compose(f"actors={actors}")).actor.max_lead_steps == per_actor
     assert validate(_compose("actors=2", "env=halfcheetah")).actor.max_lead_steps == 2048  # 2 x 2048 / 2
@@ -125,8 +125,7 @@ def test_the_sweeps_that_ran_before_the_cartpole_lead_pin_the_old_one():
         for name in ("actors_default", "actors_knee", "queue_policy"):
             c = validate(compose(config_name=name, overrides=[f"hydra.searchpath=[file://{CONF}]", "actors=2"]))
             assert c.env.id == "CartPole-v1" and c.actor.max_lead_steps == 1024, name
-        # and the former rate, 1e-3 (the preset's was 4e-3 from reports/preset_lr_cartpole, 8e-3 since
-        # reports/lead4_cartpole), where a sweep sets none
+        # and the former rate, 1e-3 (the preset's is 4e-3 since reports/preset_lr_cartpole), where a sweep sets none
         for name, env in (("queue_policy", "cartpole"), ("staleness", "cartpole"), ("lag_cost", "cartpole"),
                           ("lag_cost", "pendulum")):
             c = validate(compose(config_name=name, overrides=[f"hydra.searchpath=[file://{CONF}]", f"env={env}"]))
@@ -137,7 +136,7 @@ def test_the_sweeps_that_ran_before_the_cartpole_lead_pin_the_old_one():
 
 
 def test_the_cartpole_preset_steps_at_its_tuned_rate():
-    assert validate(_compose()).learner.lr == 0.008  # (reports/lead4_cartpole: selected with lead 4, 10 held-out seeds)
+    assert validate(_compose()).learner.lr == 0.004  # (reports/preset_lr_cartpole: 10 held-out seeds)
     assert validate(_compose("env=pendulum")).learner.lr == 0.001
     assert validate(_compose("env=halfcheetah")).learner.lr == 0.0003
     assert validate(_compose("learner.lr=0.002")).learner.lr == 0.002

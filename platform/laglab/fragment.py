@@ -5,7 +5,6 @@ or host boundary. Time runs along axis 0.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -66,8 +65,8 @@ class Fragment:
         """Transitions the header claims (admission checks that the arrays agree); used for accounting."""
         return max(0, self.id.length)
 
-    @functools.cached_property
-    def nbytes(self) -> int:  # (cached: the queue and admission both ask, and no array can change its size)
+    @property
+    def nbytes(self) -> int:
         arrays: Tuple[Optional[np.ndarray], ...] = (
             self.obs, self.actions, self.rewards, self.terminated, self.truncated, self.logp,
             self.values, self.trunc_obs, self.disc_return, self.last_obs, self.mean, self.log_std, self.masks,
