@@ -149,7 +149,8 @@ def test_bad_costs_and_distributions_are_refused_by_name(bad, says):
 def test_what_the_model_does_not_cover_is_refused():
     for ov, key in (("actor.refresh_lag=4", "actor.refresh_lag"), ("learner.max_kl_behavior=0.02", "max_kl"),
                     ("chaos=faults", "chaos"), ("runner=sync", "runner=sync"), ("runner=thread", "runner=thread"),
-                    ("runner.actor_nice=0", "actor_nice"), ("runner.poll_s=0", "poll_s")):
+                    ("runner.actor_nice=0", "actor_nice"), ("runner.poll_s=0", "poll_s"),
+                    ("runner.slots_per_actor=2", "slots_per_actor")):  # (the runner refuses fewer than E = 4 too)
         with pytest.raises(SimError, match=key):
             simulate(cfg("actors=2", ov))
 
