@@ -246,13 +246,12 @@ def check(cfg: Config, costs: Costs, latency: Optional[Latency]) -> None:
                        "nice-19 actor processes let it; leave runner.actor_nice at its default")
     if not (cfg.runner.poll_s > 0):
         raise SimError(f"runner.poll_s must be > 0 for the model (the learner's starved wait), got {cfg.runner.poll_s}")
-    if cfg.runner.name.value == "process":  # a slot pool the runner would refuse (runners.slots.check_fits)
-        from .runners.slots import slots_per_actor
+    if cfg.runner.name.value == "process":  # a slot pool the runner would refuse
+        from .runners.slots import pool_refusal
 
-        per, E, need = slots_per_actor(cfg), cfg.actor.envs_per_actor, batch_fragments(cfg)
-        if per < E or per * cfg.actors < need:
-            raise SimError(f"runner.slots_per_actor={per}: the process runner refuses fewer than actor.envs_per_actor "
-                           f"({E}) or a pool smaller than one batch ({need} fragments); use 0 (auto)")
+        refusal = pool_refusal(cfg)
+        if refusal:
+            raise SimError(refusal)
     costs.check()
     if latency is not None:
         latency.check()

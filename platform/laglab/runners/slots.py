@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import platform as stdlib_platform
 import shutil
+from typing import Optional
 
 from ..config import Config, ConfigError, batch_fragments
 from ..envs import EnvSpec
@@ -25,6 +26,21 @@ def slots_per_actor(cfg: Config) -> int:
     return max(2 * E, -(-2 * batch_fragments(cfg) // cfg.actors))
 
 
+def pool_refusal(cfg: Config) -> Optional[str]:
+    """Why a slot pool of this size cannot work (an actor must hold one rollout; the pool one batch), or None.
+    Shared by :func:`check_fits` and the model (:mod:`laglab.sim`), which refuses what the runner refuses."""
+    per = slots_per_actor(cfg)
+    E = cfg.actor.envs_per_actor
+    if per < E:
+        return (f"runner.slots_per_actor={per}; allowed: 0 (auto) or >= actor.envs_per_actor ({E}): an actor must be "
+                "able to hold one rollout in its slots")
+    if per * cfg.actors < batch_fragments(cfg):
+        return (f"runner.slots_per_actor={per}; allowed: 0 (auto) or >= {-(-batch_fragments(cfg) // cfg.actors)}: the "
+                f"slot pool ({per * cfg.actors} fragments) must hold at least one batch ({batch_fragments(cfg)} "
+                "fragments)")
+    return None
+
+
 def check_fits(cfg: Config, spec: EnvSpec) -> None:
     """Refuse, before any process starts, a machine whose memory ordering the shared-memory protocol does not
     support, and a slot pool that cannot work or does not fit in /dev/shm."""
@@ -32,15 +48,10 @@ def check_fits(cfg: Config, spec: EnvSpec) -> None:
     if machine.lower() not in TSO_MACHINES:
         raise ConfigError(f"invalid config: runner=process; allowed on x86-64 only (this machine is {machine}): its "
                           "shared-memory seqlock relies on x86's store ordering. Use runner=thread or runner=ray")
+    refusal = pool_refusal(cfg)
+    if refusal:
+        raise ConfigError(f"invalid config: {refusal}")
     per = slots_per_actor(cfg)
-    E = cfg.actor.envs_per_actor
-    if per < E:
-        raise ConfigError(f"invalid config: runner.slots_per_actor={per}; allowed: 0 (auto) or >= "
-                          f"actor.envs_per_actor ({E}): an actor must be able to hold one rollout in its slots")
-    if per * cfg.actors < batch_fragments(cfg):
-        raise ConfigError(f"invalid config: runner.slots_per_actor={per}; allowed: 0 (auto) or >= "
-                          f"{-(-batch_fragments(cfg) // cfg.actors)}: the slot pool ({per * cfg.actors} fragments) "
-                          f"must hold at least one batch ({batch_fragments(cfg)} fragments)")
     need = per * cfg.actors * FragmentLayout(spec, cfg.actor.rollout_len,
                                              policy_state_shape(cfg.policy)).slot_bytes
     try:
