@@ -84,7 +84,7 @@ if __name__ == "__main__":
         import hydra
 
         from laglab.config import ConfigError, register_configs
-        from laglab.preflight import preflight
+        from laglab.preflight import hand_over, preflight
 
         register_configs()
         try:
@@ -92,6 +92,7 @@ if __name__ == "__main__":
         except ConfigError as e:
             print(f"laglab: {e}", file=sys.stderr)
             sys.exit(2)
+        hand_over()  # (a single run: Hydra runs the composition preflight checked instead of composing it twice more)
         hydra.main(version_base="1.3", config_path="conf", config_name="config")(main)()
     except KeyboardInterrupt:  # Ctrl-C before a run installed its handler (imports, composition)
         print("laglab: interrupted before a run started", file=sys.stderr)

@@ -280,3 +280,63 @@ def test_sweep_files_compose():
                             name, "--cfg", "hydra"], capture_output=True, text=True, cwd=ROOT, timeout=120)
         assert p.returncode == 0, p.stderr
         assert "params:" in p.stdout and "seed:" in p.stdout
+
+
+@pytest.mark.parametrize("args", [["total_env_steps=3000"], ["hydra.mode=RUN", "env=pendulum", "seed=3"],
+                                  ["--config-dir", "sweeps", "--config-name", "lag_buyback", "actor.fixed_lag=2"]])
+def test_hydra_runs_the_composition_preflight_checked_unchanged(args, tmp_path, monkeypatch):
+    """train.py hands a single run's checked composition to ``@hydra.main`` (laglab.preflight.hand_over): the
+    config and Hydra's own node the job sees must equal what Hydra composes itself, and it composes nothing more."""
+    import hydra
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.hydra import Hydra
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    import laglab.preflight as pf
+
+    train_py = os.path.join(ROOT, "train.py")
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(Hydra, "get_mode", Hydra.get_mode)  # (hand_over wraps these: undone after the test)
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", ConfigLoaderImpl.load_configuration)
+    monkeypatch.setattr(pf, "_WRAPPED", False)
+    composed = []
+    load = ConfigLoaderImpl.load_configuration
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration",
+                        lambda self, *a, **k: composed.append(1) or load(self, *a, **k))
+
+    def job(handed: bool, run_dir) -> dict:
+        seen = {}
+
+        def task(cfg):
+            h = OmegaConf.to_container(HydraConfig.get(), resolve=False)
+            for k in ("cwd", "output_dir"):
+                h["runtime"].pop(k)
+            seen.update(cfg=OmegaConf.to_container(cfg, resolve=True), hydra=h)
+
+        argv = [train_py, *args, f"hydra.run.dir={run_dir}"]
+        monkeypatch.setattr(sys, "argv", pf.preflight(argv, train_py))
+        del composed[:]
+        assert pf.hand_over() if handed else pf._HANDED is not None
+        if not handed:
+            monkeypatch.setattr(pf, "_HANDED", None)
+        try:  # (a task function of train.py's: Hydra finds conf/ and names the job after the task's file)
+            exec(compile('def main(cfg):\n    task(cfg)\n'
+                         'hydra.main(version_base="1.3", config_path="conf", config_name="config")(main)()',
+                         train_py, "exec"), {"__name__": "__main__", "hydra": hydra, "task": task})
+        finally:
+            GlobalHydra.instance().clear()
+        seen["compositions"] = len(composed)
+        return seen
+
+    theirs = job(False, tmp_path / "a")
+    ours = job(True, tmp_path / "b")
+    assert (theirs["compositions"], ours["compositions"]) == (2, 0)
+    for h in (theirs["hydra"], ours["hydra"]):
+        h["run"]["dir"] = "<dir>"
+        h["overrides"]["hydra"] = [o for o in h["overrides"]["hydra"] if not o.startswith("hydra.run.dir=")]
+    assert ours["cfg"] == theirs["cfg"]
+    assert ours["hydra"] == theirs["hydra"]
+    assert (tmp_path / "b" / ".hydra" / "overrides.yaml").read_text() == \
+        (tmp_path / "a" / ".hydra" / "overrides.yaml").read_text()

@@ -172,3 +172,30 @@ def test_a_run_that_ends_while_wandb_is_still_starting_names_its_wandb_run(tmp_p
     assert "error" not in s["wandb"] and Path(s["wandb"]["run_path"]).is_dir(), s["wandb"]
     rows = [r["history"]["item"] for r in inspect(tmp_path) if r["type"] == "history"]
     assert any(r.get("losses/policy_loss") == 0.5 and r.get("env_steps") == 64 for r in rows), rows
+
+
+def test_a_background_wandb_start_waits_for_the_actors_to_be_started(tmp_path, monkeypatch):
+    """W&B's offline init holds the GIL the learner's thread needs to start the actors: it begins only once they are
+    started (or after tracking.BACKGROUND_AFTER_S)."""
+    import dataclasses
+
+    from laglab import timeline, tracking
+    from laglab.config import TrackingConfig
+
+    cfg = TrackingConfig()
+    cfg = dataclasses.replace(cfg, wandb=dataclasses.replace(cfg.wandb, mode="offline"))
+    began = []
+    monkeypatch.setattr(tracking.WandbSink, "_start", lambda self: began.append(timeline.get("actors_started")))
+    monkeypatch.setattr(tracking, "BACKGROUND_AFTER_S", 60.0)
+    timeline.reset()
+    try:
+        sink = tracking.WandbSink(cfg, tmp_path, {}, "train", None, background=True)
+        assert not sink.wait(0.5) and began == []  # (the stub returns at once: only the wait holds it)
+        timeline.mark("actors_started")
+        assert sink.wait(30) and began == [timeline.get("actors_started")]
+        monkeypatch.setattr(tracking, "BACKGROUND_AFTER_S", 0.05)  # no runner marks it: W&B starts anyway
+        timeline.reset()
+        late = tracking.WandbSink(cfg, tmp_path, {}, "train", None, background=True)
+        assert late.wait(30) and began[-1] is None
+    finally:
+        timeline.reset()

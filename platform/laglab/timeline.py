@@ -9,12 +9,14 @@ A mark is kept once: the first time a milestone is reached (``mark``), or the ea
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Dict, Optional
 
 ORDER = ("interpreter", "config", "imports", "learner", "tracker", "actors_started", "first_env_step",
          "first_fragment", "first_update")
 _marks: Dict[str, float] = {}
+_reached = threading.Condition()
 
 
 def process_start() -> Optional[float]:
@@ -33,7 +35,9 @@ def mark(name: str, t: Optional[float] = None) -> None:
     """Record milestone ``name`` now (or at monotonic time ``t``) unless it was recorded before (then it costs a
     dict lookup: the driver calls it for every fragment)."""
     if name not in _marks:
-        _marks[name] = time.monotonic() if t is None else t
+        with _reached:
+            _marks[name] = time.monotonic() if t is None else t
+            _reached.notify_all()
 
 
 def mark_min(name: str, t: float) -> None:
@@ -44,6 +48,12 @@ def mark_min(name: str, t: float) -> None:
 
 def get(name: str) -> Optional[float]:
     return _marks.get(name)
+
+
+def wait(name: str, timeout: float) -> bool:
+    """Until milestone ``name`` is marked (by :func:`mark`), at most ``timeout`` seconds; whether it was."""
+    with _reached:
+        return _reached.wait_for(lambda: name in _marks, timeout)
 
 
 def reset(keep: tuple = ()) -> None:

@@ -36,6 +36,7 @@ from typing import Any, Deque, Dict, Iterable, List, Mapping, Optional
 
 import numpy as np
 
+from . import timeline
 from .actor import ActorStats, Episode
 from .config import TrackingConfig
 from .console import LiveBar, log_third_party_to, run_log_file
@@ -93,10 +94,15 @@ def resolve_wandb_mode(mode: str) -> str:
     return "online" if has_wandb_credentials() else "offline"
 
 
+BACKGROUND_AFTER_S = 5.0  # a background W&B start waits at most this long for the actors to be started
+
+
 class WandbSink:
     """One W&B run. ``background``: ``wandb.init`` runs in a thread while the run starts (an offline init takes
-    1-2 s of W&B's own start-up, which no run needs to wait for); rows logged before it is up wait in memory and
-    go first. An offline init that fails in the background costs W&B only: the run goes on (its metrics are in
+    1-2 s of W&B's own start-up, which no run needs to wait for), once the actors are started (its Python work
+    holds the GIL the learner's thread needs to start them: 0.08 s on CartPole's path to the first env step) or
+    after :data:`BACKGROUND_AFTER_S`; rows logged before it is up wait in memory and go first. An offline init
+    that fails in the background costs W&B only: the run goes on (its metrics are in
     the run dir) and ``describe()`` says why. Online inits stay in the foreground: a failure there is a config
     error before anything starts."""
 
@@ -142,6 +148,7 @@ class WandbSink:
 
     def _start_in_background(self) -> None:
         try:
+            timeline.wait("actors_started", BACKGROUND_AFTER_S)
             self._start()
         except BaseException as e:  # noqa: BLE001 - W&B's own errors have no common base class
             self.run = None
