@@ -84,7 +84,7 @@ if __name__ == "__main__":
         import hydra
 
         from laglab.config import ConfigError, register_configs
-        from laglab.preflight import hand_over, preflight
+        from laglab.preflight import VERSION_BASE, hand_over, preflight
 
         register_configs()
         try:
@@ -92,8 +92,8 @@ if __name__ == "__main__":
         except ConfigError as e:
             print(f"laglab: {e}", file=sys.stderr)
             sys.exit(2)
-        hand_over()  # (a single run: Hydra runs the composition preflight checked instead of composing it twice more)
-        hydra.main(version_base="1.3", config_path="conf", config_name="config")(main)()
+        with hand_over():  # (a single run: Hydra runs the composition preflight checked, not composing it twice more)
+            hydra.main(version_base=VERSION_BASE, config_path="conf", config_name="config")(main)()
     except KeyboardInterrupt:  # Ctrl-C before a run installed its handler (imports, composition)
         print("laglab: interrupted before a run started", file=sys.stderr)
         sys.exit(INTERRUPTED)

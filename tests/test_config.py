@@ -298,16 +298,19 @@ def test_hydra_runs_the_composition_preflight_checked_unchanged(args, tmp_path, 
 
     train_py = os.path.join(ROOT, "train.py")
     monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(Hydra, "get_mode", Hydra.get_mode)  # (hand_over wraps these: undone after the test)
-    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", ConfigLoaderImpl.load_configuration)
-    monkeypatch.setattr(pf, "_WRAPPED", False)
+    from hydra.core.singleton import Singleton
+    from hydra.version import VersionBase
+
+    monkeypatch.setitem(Singleton._instances, VersionBase, VersionBase.instance())  # (restored after the test)
     composed = []
     load = ConfigLoaderImpl.load_configuration
     monkeypatch.setattr(ConfigLoaderImpl, "load_configuration",
                         lambda self, *a, **k: composed.append(1) or load(self, *a, **k))
+    wrapped = (Hydra.get_mode, ConfigLoaderImpl.load_configuration)
 
     def job(handed: bool, run_dir) -> dict:
         seen = {}
+        VersionBase.set_instance(VersionBase())  # (as in a fresh process: hydra.main sets it, preflight must too)
 
         def task(cfg):
             h = OmegaConf.to_container(HydraConfig.get(), resolve=False)
@@ -318,25 +321,28 @@ def test_hydra_runs_the_composition_preflight_checked_unchanged(args, tmp_path, 
         argv = [train_py, *args, f"hydra.run.dir={run_dir}"]
         monkeypatch.setattr(sys, "argv", pf.preflight(argv, train_py))
         del composed[:]
-        assert pf.hand_over() if handed else pf._HANDED is not None
+        assert pf._HANDED is not None
         if not handed:
             monkeypatch.setattr(pf, "_HANDED", None)
         try:  # (a task function of train.py's: Hydra finds conf/ and names the job after the task's file)
-            exec(compile('def main(cfg):\n    task(cfg)\n'
-                         'hydra.main(version_base="1.3", config_path="conf", config_name="config")(main)()',
-                         train_py, "exec"), {"__name__": "__main__", "hydra": hydra, "task": task})
+            with pf.hand_over():
+                exec(compile('def main(cfg):\n    task(cfg)\n'
+                             'hydra.main(version_base="1.3", config_path="conf", config_name="config")(main)()',
+                             train_py, "exec"), {"__name__": "__main__", "hydra": hydra, "task": task})
         finally:
             GlobalHydra.instance().clear()
+        assert (Hydra.get_mode, ConfigLoaderImpl.load_configuration) == wrapped  # (restored after the block)
         seen["compositions"] = len(composed)
         return seen
 
+    ours = job(True, tmp_path / "b")  # (first: nothing in this process has set Hydra's version base before it)
     theirs = job(False, tmp_path / "a")
-    ours = job(True, tmp_path / "b")
     assert (theirs["compositions"], ours["compositions"]) == (2, 0)
     for h in (theirs["hydra"], ours["hydra"]):
         h["run"]["dir"] = "<dir>"
         h["overrides"]["hydra"] = [o for o in h["overrides"]["hydra"] if not o.startswith("hydra.run.dir=")]
     assert ours["cfg"] == theirs["cfg"]
     assert ours["hydra"] == theirs["hydra"]
+    assert ours["hydra"]["runtime"]["version_base"] == "1.3"
     assert (tmp_path / "b" / ".hydra" / "overrides.yaml").read_text() == \
         (tmp_path / "a" / ".hydra" / "overrides.yaml").read_text()

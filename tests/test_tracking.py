@@ -176,7 +176,7 @@ def test_a_run_that_ends_while_wandb_is_still_starting_names_its_wandb_run(tmp_p
 
 def test_a_background_wandb_start_waits_for_the_actors_to_be_started(tmp_path, monkeypatch):
     """W&B's offline init holds the GIL the learner's thread needs to start the actors: it begins only once they are
-    started (or after tracking.BACKGROUND_AFTER_S)."""
+    started, once the run waits for W&B (its end), or after tracking.BACKGROUND_AFTER_S."""
     import dataclasses
 
     from laglab import timeline, tracking
@@ -190,12 +190,15 @@ def test_a_background_wandb_start_waits_for_the_actors_to_be_started(tmp_path, m
     timeline.reset()
     try:
         sink = tracking.WandbSink(cfg, tmp_path, {}, "train", None, background=True)
-        assert not sink.wait(0.5) and began == []  # (the stub returns at once: only the wait holds it)
+        assert not sink._ready.wait(0.5) and began == []  # (the stub returns at once: only the wait holds it)
         timeline.mark("actors_started")
         assert sink.wait(30) and began == [timeline.get("actors_started")]
-        monkeypatch.setattr(tracking, "BACKGROUND_AFTER_S", 0.05)  # no runner marks it: W&B starts anyway
-        timeline.reset()
+        timeline.reset()  # a run that ends before its actors start: waiting for W&B (its finish) starts it at once
         late = tracking.WandbSink(cfg, tmp_path, {}, "train", None, background=True)
         assert late.wait(30) and began[-1] is None
+        monkeypatch.setattr(tracking, "BACKGROUND_AFTER_S", 0.05)  # nothing marks it, nothing waits: it starts
+        timeline.reset()
+        later = tracking.WandbSink(cfg, tmp_path, {}, "train", None, background=True)
+        assert later._ready.wait(30) and began[-1] is None
     finally:
         timeline.reset()

@@ -9,6 +9,7 @@ A sweep job's dir (``multirun/.../0_algo=ppo,seed=0``) is a valid ``resume=`` va
 cannot be part of an unquoted Hydra value, so :func:`quote_resume` quotes it."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import difflib
@@ -24,6 +25,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationErr
 from .config import (Config, ConfigError, describe_type, did_you_mean, key_type, schema_keys, unknown_key_message,
                      validate)
 
+VERSION_BASE = "1.3"  # train.py's @hydra.main(version_base=...): preflight composes under the same rules
 INFO_FLAGS = ("help", "hydra_help", "cfg", "info", "shell_completion")  # Hydra prints and exits: nothing to check
 _RESUME = re.compile(r"(\+{0,2}resume)=(.*)", re.S)
 
@@ -121,7 +123,7 @@ def compose(overrides: Sequence[str]) -> Config:
     register_configs()
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(str(conf), version_base="1.3"):
+        with initialize_config_dir(str(conf), version_base=VERSION_BASE):
             cfg = hydra_compose("config", overrides=list(overrides))
     except Exception as e:  # noqa: BLE001 - Hydra's errors, told as train.py tells them
         raise ConfigError(explain(e, list(overrides))) from None
@@ -142,9 +144,12 @@ class Jobs:
     """Hydra, set up as ``train.py``'s ``@hydra.main`` sets it up, composing the jobs a command line asks for."""
 
     def __init__(self, train_py: str, args, overrides: List[str]):
+        from hydra import version
         from hydra._internal.hydra import Hydra
-        from hydra._internal.utils import create_automatic_config_search_path
+        from hydra._internal.utils import create_automatic_config_search_path, detect_task_name
         from hydra.core.config_search_path import SearchPathQuery
+
+        version.setbase(VERSION_BASE)  # (as train.py's @hydra.main sets it: composition rules, runtime.version_base)
 
         self.overrides = overrides
         self.config_name = args.config_name or "config"
@@ -156,7 +161,7 @@ class Jobs:
             path.prepend(provider="command-line", path=f"file://{d}", anchor=SearchPathQuery(provider="schema"))
         self.search_dirs = [p.path.removeprefix("file://") for p in path.get_path() if "://" not in p.path
                             or p.path.startswith("file://")]
-        self.hydra = Hydra.create_main_hydra2(task_name=Path(train_py).stem, config_search_path=path)
+        self.hydra = Hydra.create_main_hydra2(task_name=detect_task_name(train_py, None), config_search_path=path)
 
     def compose(self, fn, *a, **kw):
         """Run a Hydra composition; its errors become :class:`ConfigError` lines."""
@@ -222,12 +227,9 @@ class Jobs:
 
 
 class _HandOver:
-    """A single run's composition, checked by :func:`preflight`, handed to Hydra's ``@hydra.main`` so that it does
-    not compose the same config twice more (once to learn the mode, once to run: ~0.08 s each, a fifth of the time
-    from the command to the first env step). Hydra asks for it through two methods, wrapped by
-    :func:`hand_over`; each is answered from here once, only for the exact arguments Hydra's own path passes
-    (anything else composes as before), and the config is what Hydra would have composed: with ``hydra.mode``
-    unset, Hydra adds the override ``hydra.mode=RUN`` and composes again, so the hand-over adds it too."""
+    """A single run's composition, checked by :func:`preflight`, for ``@hydra.main`` to run (see :func:`hand_over`).
+    With ``hydra.mode`` unset, Hydra adds the override ``hydra.mode=RUN`` and composes again: the hand-over adds it
+    too. The ``now`` resolver's cache is cleared, so the run dir's time is taken when Hydra makes it, as before."""
 
     def __init__(self, config_name: str, overrides: List[str], cfg: DictConfig):
         self.config_name, self.mode = config_name, OmegaConf.select(cfg, "hydra.mode")
@@ -235,49 +237,57 @@ class _HandOver:
         self.run_overrides = list(overrides) + (["hydra.mode=RUN"] if self.mode is None else [])
         if self.mode is None:  # (Hydra.run then sets hydra.mode itself)
             cfg.hydra.overrides.hydra.append("hydra.mode=RUN")
+        OmegaConf.clear_cache(cfg)
         self.cfg: Optional[DictConfig] = cfg
         self.mode_asked = False
 
 
 _HANDED: Optional[_HandOver] = None
-_WRAPPED = False
 
 
-def hand_over() -> bool:
-    """Let ``@hydra.main`` use the composition :func:`preflight` checked (a single run only: a sweep's jobs are
-    composed by Hydra's launcher). Call it between :func:`preflight` and ``hydra.main``. Returns whether there was
-    one to hand over."""
-    global _WRAPPED
-    if _HANDED is None:
-        return False
-    if _WRAPPED:
-        return True
+@contextlib.contextmanager
+def hand_over():
+    """Around ``@hydra.main``'s call: Hydra runs the composition :func:`preflight` checked for a single run instead
+    of composing it twice more (once to learn the mode, once to run: ~0.08 s each, a fifth of the time from the
+    command to the first env step). Hydra asks through two of its methods, wrapped while the block runs; each is
+    answered from the hand-over once, only for the exact arguments Hydra's own path passes and only under the
+    Hydra version and version base this was checked on (anything else composes as before). A sweep's jobs are
+    composed by Hydra's launcher: nothing is handed over then."""
+    global _HANDED
+    h, _HANDED = _HANDED, None
+    import hydra
+    from hydra import version
+
+    if h is None or not hydra.__version__.startswith("1.3.") or str(version.getbase()) != VERSION_BASE:
+        yield
+        return
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra._internal.hydra import Hydra
     from hydra.types import RunMode
 
     get_mode, load = Hydra.get_mode, ConfigLoaderImpl.load_configuration
 
-    def handed_mode(self, config_name, overrides):
-        h = _HANDED
-        if h is not None and not h.mode_asked and config_name == h.config_name and list(overrides) == h.mode_overrides:
+    def handed_mode(self, config_name, overrides, *a, **kw):
+        if not h.mode_asked and not a and not kw and config_name == h.config_name and list(overrides) == \
+                h.mode_overrides:
             h.mode_asked = True
             return h.mode
-        return get_mode(self, config_name, overrides)
+        return get_mode(self, config_name, overrides, *a, **kw)
 
-    def handed_config(self, config_name, overrides, run_mode, from_shell=True, validate_sweep_overrides=True):
-        h = _HANDED
-        if (h is not None and h.cfg is not None and h.mode_asked and run_mode == RunMode.RUN and from_shell
-                and validate_sweep_overrides and config_name == h.config_name and list(overrides) == h.run_overrides):
+    def handed_config(self, config_name, overrides, run_mode, *a, **kw):
+        if (h.cfg is not None and h.mode_asked and not a and run_mode == RunMode.RUN
+                and kw.get("from_shell", True) and kw.get("validate_sweep_overrides", True)
+                and config_name == h.config_name and list(overrides) == h.run_overrides):
             cfg, h.cfg = h.cfg, None
             return cfg
-        return load(self, config_name=config_name, overrides=overrides, run_mode=run_mode, from_shell=from_shell,
-                    validate_sweep_overrides=validate_sweep_overrides)
+        return load(self, config_name, overrides, run_mode, *a, **kw)
 
     Hydra.get_mode = handed_mode
     ConfigLoaderImpl.load_configuration = handed_config
-    _WRAPPED = True
-    return True
+    try:
+        yield
+    finally:
+        Hydra.get_mode, ConfigLoaderImpl.load_configuration = get_mode, load
 
 
 def check_jobs(jobs: Jobs, multirun: bool) -> int:
@@ -312,6 +322,8 @@ def preflight(argv: List[str], train_py: str) -> List[str]:
     from hydra._internal.utils import get_args_parser
     from hydra.core.global_hydra import GlobalHydra
 
+    global _HANDED
+    _HANDED = None
     argv = [argv[0]] + [quote_resume(a) for a in argv[1:]]
     args = get_args_parser().parse_args(argv[1:])
     if args.run + args.multirun + (args.cfg is not None) + args.shell_completion + (args.info is not None) > 1:
@@ -319,8 +331,6 @@ def preflight(argv: List[str], train_py: str) -> List[str]:
                           "exclude each other; allowed: one of them")
     if any(getattr(args, f, None) for f in INFO_FLAGS) or getattr(args, "cfg", None) is not None:
         return argv
-    global _HANDED
-    _HANDED = None
     try:
         jobs = Jobs(train_py, args, list(args.overrides))
         check_jobs(jobs, bool(args.multirun))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 ORDER = ("interpreter", "config", "imports", "learner", "tracker", "actors_started", "first_env_step",
          "first_fragment", "first_update")
@@ -36,8 +36,9 @@ def mark(name: str, t: Optional[float] = None) -> None:
     dict lookup: the driver calls it for every fragment)."""
     if name not in _marks:
         with _reached:
-            _marks[name] = time.monotonic() if t is None else t
-            _reached.notify_all()
+            if name not in _marks:  # (another thread may have marked it meanwhile: the first mark stays)
+                _marks[name] = time.monotonic() if t is None else t
+                _reached.notify_all()
 
 
 def mark_min(name: str, t: float) -> None:
@@ -50,10 +51,18 @@ def get(name: str) -> Optional[float]:
     return _marks.get(name)
 
 
-def wait(name: str, timeout: float) -> bool:
-    """Until milestone ``name`` is marked (by :func:`mark`), at most ``timeout`` seconds; whether it was."""
+def wait(name: str, timeout: float, unless: Callable[[], bool] = lambda: False) -> bool:
+    """Until milestone ``name`` is marked (by :func:`mark`) or ``unless()`` holds (checked again on :func:`wake`),
+    at most ``timeout`` seconds; whether the milestone was marked."""
     with _reached:
-        return _reached.wait_for(lambda: name in _marks, timeout)
+        _reached.wait_for(lambda: name in _marks or unless(), timeout)
+        return name in _marks
+
+
+def wake() -> None:
+    """Let every :func:`wait` check its ``unless`` again."""
+    with _reached:
+        _reached.notify_all()
 
 
 def reset(keep: tuple = ()) -> None:

@@ -114,6 +114,7 @@ class WandbSink:
         self.error: Optional[str] = None
         self._pending: List[tuple] = []  # (row, hists) logged before the run was up
         self._ready = threading.Event()
+        self._released = False  # the run is ending: a background start waits for the actors no longer
         w = cfg.wandb
         self._kwargs = dict(project=w.project, entity=w.entity, group=w.group or group, name=w.name,
                             tags=list(w.tags) or None, job_type=job_type, config=config, dir=str(run_dir),
@@ -148,7 +149,7 @@ class WandbSink:
 
     def _start_in_background(self) -> None:
         try:
-            timeline.wait("actors_started", BACKGROUND_AFTER_S)
+            timeline.wait("actors_started", BACKGROUND_AFTER_S, unless=lambda: self._released)
             self._start()
         except BaseException as e:  # noqa: BLE001 - W&B's own errors have no common base class
             self.run = None
@@ -159,7 +160,12 @@ class WandbSink:
             self._ready.set()
 
     def wait(self, timeout: Optional[float] = None) -> bool:
-        """Until the W&B run is up (or failed to start); False if ``timeout`` passed first."""
+        """Until the W&B run is up (or failed to start); False if ``timeout`` passed first. A background start
+        still waiting for the actors (a run that ends before they start, or whose runner marks no such moment)
+        starts at once."""
+        if not self._ready.is_set():
+            self._released = True
+            timeline.wake()
         return self._ready.wait(timeout)
 
     def describe(self) -> Dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Dict, List, Tuple
 
+from .. import timeline
 from ..accounting import DUPLICATE, FIRST, TOO_OLD, Budget, Ledger
 from ..admission import Admission
 from ..recurrent import policy_state_shape
@@ -65,6 +66,7 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
     chaos_counts, chaos_lock = ChaosCounts(), threading.Lock()
     intensity = RestartIntensity(cfg.runner.actors_max_restarts, cfg.runner.restart_window_s)
     slots: List[Incarnation] = [Incarnation(cfg, i, ledger, chaos_counts, chaos_lock, spec) for i in range(cfg.actors)]
+    timeline.mark("actors_started")  # (in-process actors, built: what a background W&B start waits for)
     snap = [learner.snapshot()]
     admission = Admission(spec, cfg.actors, cfg.actor.envs_per_actor, cfg.transport.duplicates, cfg.actor.rollout_len,
                           policy_state_shape(cfg.policy))
