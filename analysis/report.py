@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import base64
 import html
+import dataclasses
 import json
 import shlex
 import sys
@@ -531,11 +532,22 @@ def run(paths: List[str], out: Optional[Path], opts: Options) -> Result:
 
     src = Path(paths[0])
     if len(paths) == 1 and is_report_dir(src) and not (src / "summary.json").exists():
-        opts = _options_from(src)  # a rebuild uses the options the report was built with
+        # a rebuild uses the options the report was built with, but for those its command line gives
+        stored = _options_from(src)
+        given = {k: v for k, v in dataclasses.asdict(opts).items() if k != "command" and v not in (None, False)}
+        baked = [k for k in ("threshold", "include_failed") if k in given and given[k] != getattr(stored, k)]
+        if baked:  # (applied when the run dirs were read: the compact data holds their result)
+            raise AnalysisError(f"{src}: a rebuild cannot change {' or '.join('--' + k.replace('_', '-') for k in baked)}"
+                                " (applied when its run dirs were read); build from the run dirs with it instead")
+        opts = dataclasses.replace(stored, **given, command=opts.command if given else stored.command)
         out = out or src
         runs, curve_df, lags = load_runs(src), load_curves(src), read_lag_counts(src)
         if out.resolve() != src.resolve():
             write_compact(out, runs, curve_df, lags)
+        if given:
+            meta = {"format": FORMAT, **{k: getattr(opts, k) for k in Options.__dataclass_fields__}}
+            (out / REPORT_JSON).write_text(json.dumps(meta, indent=1) + "\n")
+        elif out.resolve() != src.resolve():
             (out / REPORT_JSON).write_text((src / REPORT_JSON).read_text())
     else:
         if out is None:

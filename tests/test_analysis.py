@@ -316,6 +316,21 @@ def test_a_study_continues_from_its_compact_data_with_new_run_dirs(tmp_path):
     assert len(pd.read_csv(tmp_path / "twice" / "runs.csv")) == 20
     assert _report(tmp_path / "merged", "--out", tmp_path / "again").returncode == 0
     assert (tmp_path / "again" / "summary.csv").read_bytes() == (tmp_path / "merged" / "summary.csv").read_bytes()
+    # a rebuild given an option applies it (and keeps it for the next rebuild); the others stay as built
+    assert not (tmp_path / "again" / "recovery.csv").exists() or \
+        pd.read_csv(tmp_path / "again" / "recovery.csv").empty  # (both families have a lag 0: no reference)
+    assert _report(tmp_path / "again", "--reference", "cfg.algo.name=ppo").returncode == 0
+    meta = json.loads((tmp_path / "again" / "report.json").read_text())
+    assert meta["reference"] == "cfg.algo.name=ppo" and meta["baseline"] == "cfg.actor.fixed_lag=0"
+    assert "--reference cfg.algo.name=ppo" in meta["command"]
+    rec = pd.read_csv(tmp_path / "again" / "recovery.csv")
+    assert len(rec) and set(rec["method"]) == {"algo.name=vtrace"}
+    assert _report(tmp_path / "again").returncode == 0  # (kept for the next rebuild)
+    assert len(pd.read_csv(tmp_path / "again" / "recovery.csv")) == len(rec)
+    # an option applied when the run dirs were read cannot change in a rebuild: said, nothing written
+    p = _report(tmp_path / "again", "--threshold", "1e9")
+    assert p.returncode == 2 and "a rebuild cannot change --threshold" in p.stderr
+    assert json.loads((tmp_path / "again" / "report.json").read_text()) == meta
 
 
 def test_figures_that_do_not_apply_are_not_drawn(tmp_path):
