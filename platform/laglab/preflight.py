@@ -248,7 +248,7 @@ _HANDED: Optional[_HandOver] = None
 @contextlib.contextmanager
 def hand_over():
     """Around ``@hydra.main``'s call: Hydra runs the composition :func:`preflight` checked for a single run instead
-    of composing it twice more (once to learn the mode, once to run: ~0.08 s each, a fifth of the time from the
+    of composing it twice more (once to learn the mode, once to run: ~0.08 s each, a tenth of the time from the
     command to the first env step). Hydra asks through two of its methods, wrapped while the block runs; each is
     answered from the hand-over once, only for the exact arguments Hydra's own path passes and only under the
     Hydra version and version base this was checked on (anything else composes as before). A sweep's jobs are
