@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import argparse
 import base64
-import html
 import dataclasses
+import html
 import json
 import shlex
 import sys
@@ -526,6 +526,12 @@ def _options_from(report_dir: Path) -> Options:
     return Options(**{k: d.get(k) for k in Options.__dataclass_fields__ if k in d})
 
 
+def _write_options(report_dir: Path, opts: Options) -> None:
+    """The options a report is built with, in its report.json (what :func:`_options_from` reads back)."""
+    meta = {"format": FORMAT, **{k: getattr(opts, k) for k in Options.__dataclass_fields__}}
+    (report_dir / REPORT_JSON).write_text(json.dumps(meta, indent=1) + "\n")
+
+
 def run(paths: List[str], out: Optional[Path], opts: Options) -> Result:
     """Build (or rebuild) a report; returns what it shows."""
     from .figures import make_all
@@ -545,8 +551,7 @@ def run(paths: List[str], out: Optional[Path], opts: Options) -> Result:
         if out.resolve() != src.resolve():
             write_compact(out, runs, curve_df, lags)
         if given:
-            meta = {"format": FORMAT, **{k: getattr(opts, k) for k in Options.__dataclass_fields__}}
-            (out / REPORT_JSON).write_text(json.dumps(meta, indent=1) + "\n")
+            _write_options(out, opts)
         elif out.resolve() != src.resolve():
             (out / REPORT_JSON).write_text((src / REPORT_JSON).read_text())
     else:
@@ -556,8 +561,7 @@ def run(paths: List[str], out: Optional[Path], opts: Options) -> Result:
         runs = load_runs(paths, opts.threshold, opts.include_failed)
         reports = [p for p in map(Path, paths) if is_report_dir(p) and not (p / "summary.json").exists()]
         write_compact(out, runs, load_curves(paths, runs), lag_counts(runs, reports))
-        meta = {"format": FORMAT, **{k: getattr(opts, k) for k in Options.__dataclass_fields__}}
-        (out / REPORT_JSON).write_text(json.dumps(meta, indent=1) + "\n")
+        _write_options(out, opts)
         runs, curve_df, lags = load_runs(out), load_curves(out), read_lag_counts(out)  # one path for build and rebuild
     res = build(runs, curve_df, lags, opts)
     figs = make_all(res, out / "figures")
