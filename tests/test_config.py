@@ -292,15 +292,14 @@ def test_hydra_runs_the_composition_preflight_checked_unchanged(args, tmp_path, 
     from hydra._internal.hydra import Hydra
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
+    from hydra.core.singleton import Singleton
+    from hydra.version import VersionBase
     from omegaconf import OmegaConf
 
     import laglab.preflight as pf
 
     train_py = os.path.join(ROOT, "train.py")
     monkeypatch.chdir(ROOT)
-    from hydra.core.singleton import Singleton
-    from hydra.version import VersionBase
-
     monkeypatch.setitem(Singleton._instances, VersionBase, VersionBase.instance())  # (restored after the test)
     composed = []
     load = ConfigLoaderImpl.load_configuration

@@ -336,7 +336,6 @@ def preflight(argv: List[str], train_py: str) -> List[str]:
         check_jobs(jobs, bool(args.multirun))
     finally:
         GlobalHydra.instance().clear()
-    single = getattr(jobs, "_single", None)
-    if not jobs.multirun and single is not None:
-        _HANDED = _HandOver(jobs.config_name, jobs.overrides, single)
+    if not jobs.multirun and jobs._single is not None:  # (set by check_jobs' jobs.jobs())
+        _HANDED = _HandOver(jobs.config_name, jobs.overrides, jobs._single)
     return argv
