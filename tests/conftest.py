@@ -9,10 +9,12 @@ import pytest  # noqa: E402
 
 def ray_up():
     """A local Ray instance for the runner=ray tests (8 logical CPUs: every actor of a test fits), started on
-    first use and shut down at the end of the session; tests that need their own cluster shut it down."""
+    first use and shut down at the end of the session; tests that need their own cluster shut it down. Always a new
+    instance (``address="local"``, as the runner starts one): without it ``ray.init`` joins any Ray cluster already
+    running on the machine (``ray start``, or one a killed test session left) and refuses ``num_cpus``."""
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
-        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, logging_level="warning")
+        ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False, logging_level="warning")
     return ray
 
 
