@@ -193,10 +193,139 @@ def test_clip_and_adam_match_laglab_optim():
     assert float(step.opt.step_t[0]) == 3.0
 
 
+def make_recurrent(kind: str, discrete: bool, masked: bool = False, seed: int = 0, scale: float = 0.3):
+    """A small recurrent policy with its weights moved off their init (non-zero biases: a misplaced term shows)."""
+    torch.manual_seed(seed)
+    spec = EnvSpec(obs_shape=(5,), discrete=discrete, n_actions=4 if discrete else 3, masked=masked)
+    model = RecurrentActorCritic(spec, (16, 12), "tanh", -0.3, kind, 8)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn_like(p))
+    return model
+
+
+def sequences(model, seed: int, masked: bool, stale: float, burn_in: int, T: int = 12, n: int = 5):
+    """A recurrent minibatch as the learner builds one: ``n`` sequences of ``T`` steps with episode ends, their initial
+    states, the steps the loss keeps (burn-in: columns 0 and 2 are cut at ``burn_in``; column 1 leaves out the steps
+    through an episode end within its burn-in, uncut, as :meth:`Learner._burn_in` does) and the kept rows' data."""
+    g = torch.Generator().manual_seed(seed)
+    obs = torch.randn(T, n, 5, generator=g)
+    dones = torch.rand(T, n, generator=g) < 0.2
+    dones[T - 1, 3] = True  # (an episode end at the last step)
+    init = 0.5 * torch.randn((n,) + model.state_shape, generator=g)
+    keep = torch.ones(T, n, dtype=torch.bool)
+    cut = torch.zeros(n, dtype=torch.bool)
+    if burn_in:
+        cut[[0, 2]] = True
+        dones[:burn_in, [0, 2]] = False
+        dones[:burn_in, 1] = False
+        dones[1, 1] = True
+        keep[:burn_in, [0, 2]] = False
+        keep[:2, 1] = False
+    with torch.no_grad():
+        h = model.outputs(obs, init, dones, burn_in, cut)[keep]
+        out = model.pi_head(h)
+        k = len(h)
+        mask = None
+        if model.discrete:
+            if masked:
+                mask = torch.rand(k, 4, generator=g) < 0.6
+                mask[torch.arange(k), torch.randint(0, 4, (k,), generator=g)] = True
+                out = out.masked_fill(~mask, -1e9)
+            a = torch.multinomial(torch.softmax(out, -1), 1, generator=g)[:, 0]
+        else:
+            a = out + torch.randn(k, 3, generator=g) * 0.7
+        logp = model.logp_entropy_of(h, a, mask)[0]
+    adv, ret = torch.randn(k, generator=g) * 2.0, torch.randn(k, generator=g)
+    old = logp + stale * torch.randn(k, generator=g)
+    start = logp + 0.1 * stale * torch.randn(k, generator=g) if stale else logp.clone()
+    return obs, init, dones, keep, cut, a, mask, adv, ret, old, start
+
+
+def recurrent_torch_grads(model, data, burn_in, lc, kind):
+    """The torch path's recurrent minibatch loss (outputs -> heads -> loss, as Learner._minibatches and _torch_steps
+    compute it) and its autograd gradients."""
+    obs, init, dones, keep, cut, a, mask, adv, ret, old, start = data
+    h = model.outputs(obs, init, dones, burn_in, cut)[keep]
+    logp, ent = model.logp_entropy_of(h, a, mask)
+    v = model.value_of(h)
+    ad = (adv - adv.mean()) / (adv.std() + 1e-8) if lc.norm_adv else adv
+    dual_c = lc.dual_clip_c if kind.endswith("dual_clip") else None
+    if kind.startswith("decoupled"):
+        info = algo.decoupled_loss(logp, start, old, ad, lc.clip_eps, lc.is_cap, dual_c)
+    elif dual_c is not None:
+        info = algo.dual_clip_loss(logp, old, ad, lc.clip_eps, dual_c)
+    else:
+        info = algo.ppo_clip_loss(logp, old, ad, lc.clip_eps)
+    loss = info.loss - lc.ent_coef * ent.mean() + lc.vf_coef * 0.5 * ((v - ret) ** 2).mean()
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    return float(info.loss.detach()), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("core", ["gru", "lstm"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("discrete,masked", [(False, False), (True, True)])
+@pytest.mark.parametrize("burn_in", [0, 4])
+def test_recurrent_gradients_match_autograd_through_the_unroll(core, kind, discrete, masked, burn_in):
+    """The recurrent step (numpy encoder and heads, torch's fused kernel for the core — an LSTM's sequences as lanes
+    with reset steps) against autograd through RecurrentActorCritic.outputs (itself checked against a step-by-step
+    reference in test_recurrent_policy): every parameter's gradient, with episode ends, burn-in cuts and masks."""
+    model = make_recurrent(core, discrete, masked)
+    lc = loss_cfg(kind=kind, ent_coef=0.01)
+    data = sequences(model, 1, masked, 1.0, burn_in)
+    assert data[2].sum() >= 5  # (episode ends inside the sequences: the resets are exercised)
+    pl, want = recurrent_torch_grads(model, data, burn_in, lc, kind)
+    step = NumpyStep(model, Adam(list(model.parameters()), lr=1e-3), "tanh")
+    step.load()
+    obs, init, dones, keep, cut, a, mask, adv, ret, old, start = (None if t is None else t.numpy() for t in data)
+    figures = step.recurrent_gradient(obs, init, dones, keep, cut, burn_in, a, mask, adv, ret, old, start, lc, kind)
+    assert_close([torch.from_numpy(v.copy()) for v in step.G.views], want, f"{core} {kind} burn_in={burn_in}")
+    assert math.isclose(figures["policy_loss"], pl, rel_tol=1e-4, abs_tol=1e-6)
+    assert figures["clip_frac"] > 0
+
+
+def test_an_lstm_reset_step_zeroes_the_state_exactly_however_large_the_weights():
+    """The reset input (RESET_WEIGHT) must dominate every other pre-activation: with the core's weights scaled up 30x
+    (gate pre-activations past 50) the lanes' gradients still equal autograd's through separate pieces."""
+    model = make_recurrent("lstm", True, seed=2)
+    with torch.no_grad():
+        for p in model.core.parameters():
+            p.mul_(30.0)
+    lc = loss_cfg(kind="clip")
+    data = sequences(model, 3, False, 0.5, 0)
+    with torch.no_grad():
+        pre = model.enc(data[0].reshape(-1, 5)) @ model.core.weight_ih_l0.T + model.core.bias_ih_l0
+    assert float(pre.abs().max()) > 50
+    _, want = recurrent_torch_grads(model, data, 0, lc, "clip")
+    step = NumpyStep(model, Adam(list(model.parameters()), lr=1e-3), "tanh")
+    step.load()
+    obs, init, dones, keep, cut, a, mask, adv, ret, old, start = (None if t is None else t.numpy() for t in data)
+    step.recurrent_gradient(obs, init, dones, keep, cut, 0, a, mask, adv, ret, old, start, lc, "clip")
+    assert_close([torch.from_numpy(v.copy()) for v in step.G.views], want, "large weights")
+
+
+def test_lanes_lay_each_sequence_out_with_a_reset_step_after_each_episode_end():
+    from laglab.npstep import lanes
+
+    dones = np.zeros((6, 3), bool)
+    dones[1, 0] = dones[3, 0] = True  # sequence 0: ends at steps 1 and 3 -> resets at lane positions 2 and 5
+    dones[5, 1] = True  # sequence 1: an end at the last step needs no reset
+    dones[0, 2] = True  # sequence 2 starts at step 2 (burn-in cut): an end before its start is not laid out
+    live, lane, (r_lane, r_col), L = lanes(dones, np.array([0, 0, 2]))
+    np.testing.assert_array_equal(lane[:, 0], [0, 1, 3, 4, 6, 7])
+    np.testing.assert_array_equal(lane[:, 1], [0, 1, 2, 3, 4, 5])
+    np.testing.assert_array_equal(live[:, 2], [False, False, True, True, True, True])
+    np.testing.assert_array_equal(lane[2:, 2], [0, 1, 2, 3])
+    assert sorted(zip(r_col.tolist(), r_lane.tolist())) == [(0, 2), (0, 5)] and L == 8
+
+
 def test_supported_names_what_it_cannot_run():
     spec = EnvSpec(obs_shape=(4,), discrete=True, n_actions=2)
     assert supported(ActorCritic(spec), torch.device("cpu"), "tanh") is None
-    assert "recurrent" in supported(RecurrentActorCritic(spec), torch.device("cpu"), "tanh")
+    assert supported(RecurrentActorCritic(spec), torch.device("cpu"), "tanh") is None
+    assert "ewma" in supported(RecurrentActorCritic(spec), torch.device("cpu"), "tanh", ewma=True)
+    assert supported(ActorCritic(spec), torch.device("cpu"), "tanh", ewma=True) is None
     assert "cuda" in supported(ActorCritic(spec), torch.device("cuda"), "tanh")
     assert "activation" in supported(ActorCritic(spec), torch.device("cpu"), "gelu")
 
@@ -210,26 +339,41 @@ def _learner(overrides, device: str = "cpu"):
     return cfg, Learner(cfg, env_spec(cfg))
 
 
-def _frags(cfg, learner, n):
+def _frags(cfg, learner, n, skip: int = 0):
+    """``n`` fragments of one actor, after its first ``skip``."""
     from laglab.actor import Actor
 
     actor = Actor(cfg, 0, 1)
     actor.load(learner.snapshot())
     frags = []
-    while len(frags) < n:
+    while len(frags) < n + skip:
         frags += actor.collect().fragments
     actor.close()
-    return frags[:n]
+    return frags[skip:skip + n]
 
 
 @pytest.mark.parametrize("overrides", [
     ["env=cartpole", "learner.batch_size=256", "actor.rollout_len=32", "actor.envs_per_actor=8"],
     ["env=pendulum", "algo=decoupled_ewma", "learner.batch_size=256", "actor.rollout_len=32",
      "actor.envs_per_actor=8", "learner.epochs=2"],
+    # recurrent: chains of fragments (4 per env), truncations (21-step episodes), burn-in of the heads (the first
+    # rollout skipped: they start mid-episode)
+    *([f"policy.recurrent={core}", "policy.hidden=16", "env=cartpole_pomdp", "env.max_episode_steps=21",
+       "learner.batch_size=256", "actor.rollout_len=16", "actor.envs_per_actor=4", "learner.minibatches=2",
+       "learner.burn_in=4", *extra] for core, extra in (("lstm", []), ("gru", ["algo=vtrace"]),
+                                                        ("lstm", ["algo=decoupled"]))),
+    ["policy.recurrent=lstm", "policy.hidden=16", "env=pendulum", "learner.batch_size=256", "actor.rollout_len=32",
+     "actor.envs_per_actor=8", "learner.minibatches=4", "learner.epochs=2"],
 ])
 def test_a_learner_ends_an_update_with_the_same_weights_on_either_backend(overrides):
     cfg, ref = _learner(overrides + ["learner.backend=torch"])
-    frags = _frags(cfg, ref, cfg.learner.batch_size // cfg.actor.rollout_len)
+    recurrent = cfg.policy.recurrent != "none"
+    frags = _frags(cfg, ref, cfg.learner.batch_size // cfg.actor.rollout_len, skip=4 if recurrent else 0)
+    if recurrent:  # the cases are hit: joined chains, truncations, burn-in
+        from laglab.fragment import successors
+
+        assert (successors(frags) >= 0).any() or cfg.env.id == "Pendulum-v1"
+        assert sum(int(f.truncated.sum()) for f in frags) or cfg.env.id == "Pendulum-v1"
     _, fast = _learner(overrides + ["learner.backend=numpy"])
     fast.model.load_state_dict(ref.model.state_dict())
     if ref.prox_model is not None:
@@ -251,13 +395,15 @@ def test_backend_choice_and_refusals():
     _, learner = _learner(["env=cartpole"])
     assert learner.backend == "numpy"  # auto, feed-forward on the CPU
     _, learner = _learner(["env=cartpole_pomdp", "policy.recurrent=gru"])
-    assert learner.backend == "torch"
+    assert learner.backend == "numpy"
+    _, learner = _learner(["env=cartpole_pomdp", "policy.recurrent=lstm", "algo=decoupled_ewma"])
+    assert learner.backend == "torch"  # (the EWMA policy's unroll is torch's)
     _, learner = _learner(["env=cartpole", "runner.torch_threads=2"])  # (threads: torch's; numpy's step uses one)
     assert learner.backend == "torch"
     _, learner = _learner(["env=cartpole", "runner.torch_threads=2", "learner.backend=numpy"])
     assert learner.backend == "numpy"
     with pytest.raises(ConfigError, match="learner.backend"):
-        _learner(["env=cartpole_pomdp", "policy.recurrent=gru", "learner.backend=numpy"])
+        _learner(["env=cartpole_pomdp", "policy.recurrent=gru", "algo=decoupled_ewma", "learner.backend=numpy"])
     with pytest.raises(ConfigError, match="learner.backend"):
         _learner(["env=cartpole", "learner.backend=jax"])
 

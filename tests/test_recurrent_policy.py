@@ -389,12 +389,15 @@ def numpy_gae(learner, frags):
 
 
 @pytest.mark.parametrize("kind", ["gru", "lstm"])
-def test_the_learners_values_and_gae_on_joined_chains_with_truncations_match_a_numpy_reference(kind):
+@pytest.mark.parametrize("backend", ["torch", "numpy"])
+def test_the_learners_values_and_gae_on_joined_chains_with_truncations_match_a_numpy_reference(kind, backend):
     """Weights other than the behavior's (so a joined fragment's computed state differs from its stored one): values
     and advantages equal a reference run step by step over each env's whole history in numpy — wrong if a
-    truncation's bootstrap used the state after the reset, or a join the stored state."""
-    cfg = rec(kind, env=POMDP, learner={"batch_size": 256, "minibatches": 1})
+    truncation's bootstrap used the state after the reset, or a join the stored state. On either backend's pass
+    (torch's fused kernel; numpy's cells, chain level by chain level)."""
+    cfg = rec(kind, env=POMDP, learner={"batch_size": 256, "minibatches": 1, "backend": backend})
     learner, _, frags = collect(cfg, rollouts=4)
+    assert learner.backend == backend
     assert sum(f.truncated.sum() for f in frags) >= 4 and (successors(frags) >= 0).sum() == 12
     perturbed(learner, 0.3)
     adv, _ = learner.advantages(frags)

@@ -704,8 +704,9 @@ def validate(cfg: Any) -> Config:
     check_device(lr.device)
     _require(lr.backend in BACKENDS, "learner.backend", " | ".join(BACKENDS), lr.backend)
     if lr.backend == "numpy":
-        _require(c.policy.recurrent == "none", "learner.backend",
-                 "auto or torch with a recurrent policy (numpy runs feed-forward policies)", lr.backend)
+        _require(c.policy.recurrent == "none" or c.algo.loss.prox != Prox.ewma, "learner.backend",
+                 "auto or torch with a recurrent policy and algo.loss.prox=ewma (the EWMA policy's unroll is torch's)",
+                 lr.backend)
         _require(lr.device in ("auto", "cpu"), "learner.backend",
                  f"auto or torch with learner.device={lr.device} (numpy runs on the CPU)", lr.backend)
     _require(c.tracking.hist_every >= 0, "tracking.hist_every", "an integer >= 0 (0 = never)", c.tracking.hist_every)

@@ -50,7 +50,8 @@ def resolve_backend(cfg: Config, model: torch.nn.Module, device: torch.device) -
     """``learner.backend``: numpy or torch for this model on this device. auto: numpy wherever it can run, unless the
     learner has more than one torch thread (``runner.torch_threads``: set where an update is large enough for threads
     to pay, which numpy's one-thread step does not use: ``benchmarks/learner_device.py``, the large case)."""
-    why_not = npstep.supported(model, device, cfg.policy.activation)
+    why_not = npstep.supported(model, device, cfg.policy.activation,
+                               ewma=is_decoupled(cfg) and cfg.algo.loss.prox == Prox.ewma)
     if cfg.learner.backend == "numpy" and why_not:
         raise ConfigError(f"learner.backend=numpy cannot run {why_not}: use learner.backend=auto or torch")
     threads = cfg.runner.torch_threads
@@ -383,6 +384,13 @@ class Learner:
         predecessor in, so a chain is one sequence. Chains are run from their starts forwards, one link at a time."""
         T, N, m = b.T, b.N, model or self.model
         height = chain_heights(b.succ)
+        if self._np is not None and model is None:  # (numpy step by step: the fused kernel's calls cost more)
+            self._np.P.load(self.params)
+            out = self._np.recurrent_pass(
+                b.obs.numpy().reshape((T, N) + self.spec.obs_shape), b.state.numpy(), b.dones.numpy(), height,
+                predecessors(b.succ), b.actions.numpy(), None if b.masks is None else b.masks.numpy(),
+                b.last_obs.numpy(), b.trunc_obs.numpy(), b.trunc_pos.numpy())
+            return tuple(None if a is None else torch.from_numpy(np.ascontiguousarray(a)) for a in out)
         init = b.state.clone()
         hs = torch.zeros((T, N, m.hidden), device=self.device)
         ends = torch.zeros((T, N) + m.state_shape, device=self.device)
@@ -511,7 +519,7 @@ class Learner:
         flat = {"adv": b_adv, "ret": b_ret, "old": b_old, "start": b_start}
         if self._np is not None:
             self._np.load()
-            steps = lambda: self._numpy_steps(b, flat)  # noqa: E731
+            steps = lambda: self._numpy_steps(b, flat, init, keep, cut)  # noqa: E731
         else:
             steps = lambda: self._torch_steps(b, init, keep, cut, extras.get("prox_init"), flat, dual_c)  # noqa: E731
         ewma_total = self._ewma_total
@@ -616,11 +624,15 @@ class Learner:
                 figures["is_trunc_frac"] = scalar(info.is_trunc_frac)
             yield figures
 
-    def _numpy_steps(self, b: "Batch", flat: Dict[str, torch.Tensor]):
-        """One epoch of minibatch steps by :class:`laglab.npstep.NumpyStep` (feed-forward, CPU): the same
-        permutation and slices as :meth:`_minibatches`, the same figures as :meth:`_torch_steps`."""
+    def _numpy_steps(self, b: "Batch", flat: Dict[str, torch.Tensor], init: Optional[torch.Tensor] = None,
+                     keep: Optional[torch.Tensor] = None, cut: Optional[torch.Tensor] = None):
+        """One epoch of minibatch steps by :class:`laglab.npstep.NumpyStep` (CPU): the same permutation and slices
+        as :meth:`_minibatches`, the same figures as :meth:`_torch_steps`."""
         lc, loss_cfg = self.cfg.learner, self.cfg.algo.loss
         group = self.opt.param_groups[0]
+        if init is not None:
+            yield from self._numpy_recurrent_steps(b, flat, init, keep, cut)
+            return
         B = b.T * b.N
         mb = B // lc.minibatches
         perm = torch.randperm(B, generator=self.gen, device="cpu").numpy()[:mb * lc.minibatches]
@@ -638,6 +650,30 @@ class Learner:
                                 cols["start"][sl], loss_cfg, group["lr"], group["betas"], group["eps"], kind, prox)
             if ewma:
                 self._np.ewma(self._ewma_keep())
+
+    def _numpy_recurrent_steps(self, b: "Batch", flat: Dict[str, torch.Tensor], init: torch.Tensor,
+                               keep: torch.Tensor, cut: Optional[torch.Tensor]):
+        """:meth:`_numpy_steps` for a recurrent policy: the minibatches of whole segments of :meth:`_minibatches`
+        (the same draw of the generator, the same rows in the same order)."""
+        lc, loss_cfg = self.cfg.learner, self.cfg.algo.loss
+        group = self.opt.param_groups[0]
+        kind = loss_cfg.kind.value
+        obs = b.obs.numpy().reshape((b.T, b.N) + self.spec.obs_shape)
+        actions = b.actions.numpy()
+        masks = None if b.masks is None else b.masks.numpy()
+        cols_flat = {k: t.numpy() for k, t in flat.items()}
+        init_np, keep_np, dones = init.numpy(), keep.numpy(), b.dones.numpy()
+        cut_np = None if cut is None else cut.numpy()
+        steps = np.arange(b.T).reshape(-1, 1) * b.N
+        for cols in torch.tensor_split(torch.randperm(b.N, generator=self.gen, device="cpu"), lc.minibatches):
+            cols = cols.numpy()
+            k = keep_np[:, cols]
+            idx = (steps + cols.reshape(1, -1))[k]
+            yield self._np.recurrent_step(
+                obs[:, cols], init_np[cols], dones[:, cols], k, None if cut_np is None else cut_np[cols], lc.burn_in,
+                actions[idx], None if masks is None else masks[idx], cols_flat["adv"][idx], cols_flat["ret"][idx],
+                cols_flat["old"][idx], cols_flat["start"][idx], loss_cfg, group["lr"], group["betas"], group["eps"],
+                kind)
 
     def _minibatches(self, b: "Batch", init: Optional[torch.Tensor], keep: Optional[torch.Tensor], decoupled: bool,
                      cut: Optional[torch.Tensor] = None, prox_init: Optional[torch.Tensor] = None,

@@ -24,6 +24,7 @@ Gradients, per minibatch of n rows (L = policy loss - ent_coef * mean(entropy) +
 """
 from __future__ import annotations
 
+import copy
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -56,9 +57,10 @@ def _pick_grad(a: np.ndarray, b: np.ndarray, smaller: bool) -> np.ndarray:
 class Layers:
     """One MLP's linear layers as views into a flat buffer: ``[(W [out, in], b [out]), ...]``."""
 
-    def __init__(self, pairs: List[Tuple[np.ndarray, np.ndarray]], activation: str):
+    def __init__(self, pairs: List[Tuple[np.ndarray, np.ndarray]], activation: str, last_act: bool = False):
         self.pairs = pairs
         self.activation = activation
+        self.last_act = last_act  # (the recurrent encoder: every layer is followed by the activation)
 
     def forward(self, x: np.ndarray, keep: bool = True) -> Tuple[List[np.ndarray], np.ndarray]:
         """(the inputs of each layer — x, then each hidden activation — when ``keep``, the output)."""
@@ -74,10 +76,16 @@ class Layers:
         W, b = self.pairs[-1]
         out = h @ W.T
         out += b
+        if self.last_act:
+            out = act(out)
         return hs, out
 
-    def backward(self, hs: List[np.ndarray], d: np.ndarray, grads: List[Tuple[np.ndarray, np.ndarray]]) -> None:
-        """Write each layer's gradient into ``grads`` (views, as ``pairs``) from ``d`` = dL/d(output)."""
+    def backward(self, hs: List[np.ndarray], d: np.ndarray, grads: List[Tuple[np.ndarray, np.ndarray]],
+                 out: Optional[np.ndarray] = None) -> None:
+        """Write each layer's gradient into ``grads`` (views, as ``pairs``) from ``d`` = dL/d(output) (``out``: the
+        output, for a last activation's gradient; ``d`` is then changed in place)."""
+        if self.last_act:
+            _act_grad(self.activation, d, out)
         for k in range(len(self.pairs) - 1, -1, -1):
             h = hs[k]
             gW, gb = grads[k]
@@ -108,14 +116,40 @@ class Flat:
                 t.copy_(torch.from_numpy(v))
 
 
-def supported(model: torch.nn.Module, device: torch.device, activation: str) -> Optional[str]:
-    """None when :class:`NumpyStep` can run this model's updates, else why not."""
-    from .policy import ActorCritic
+RESET_WEIGHT = -1e9  # the reset input's weight into an LSTM's input and forget gates: both exactly 0 (see lanes)
+
+
+def lanes(dones: np.ndarray, start: np.ndarray):
+    """A dense layout of ``N`` sequences of ``T`` steps for one call of torch's fused LSTM kernel: sequence n is lane
+    n from its step ``start[n]``, with one reset step inserted after each of its episode ends (but the last step).
+    A reset step's input is zero but for an extra reset feature of weight :data:`RESET_WEIGHT` into the input and
+    forget gates: both gates are exactly 0, so the state after it is exactly zero (c = 0 * c + 0 * g, h = o *
+    tanh(0)), its output is discarded, and no gradient crosses it (each gate's derivative is 0). ``dones`` [T, N]
+    bool, ``start`` [N]. Returns (live [T, N] bool: the steps laid out, lane [T, N]: each live step's position in its
+    lane, (lane positions, lanes) of the reset steps, L: the lanes' length)."""
+    T, N = dones.shape
+    t = np.arange(T).reshape(-1, 1)
+    live = t >= start.reshape(1, -1)
+    d = dones & live
+    before = np.zeros((T, N), np.int64)  # episode ends before step t
+    np.cumsum(d[:-1], axis=0, out=before[1:])
+    lane = t - start.reshape(1, -1) + before
+    rt, rc = np.nonzero(d[:-1])
+    L = int(np.where(live, lane, -1).max()) + 1
+    return live, lane, (lane[rt, rc] + 1, rc), L
+
+
+def supported(model: torch.nn.Module, device: torch.device, activation: str, ewma: bool = False) -> Optional[str]:
+    """None when :class:`NumpyStep` can run this model's updates (``ewma``: with the decoupled loss's EWMA proximal
+    policy), else why not."""
+    from .policy import ActorCritic, RecurrentActorCritic
 
     if device.type != "cpu":
         return f"learner.device={device} (numpy runs on the CPU)"
-    if type(model) is not ActorCritic:
-        return f"a {type(model).__name__} (recurrent policies need torch's recurrent kernels)"
+    if type(model) not in (ActorCritic, RecurrentActorCritic):
+        return f"a {type(model).__name__}"
+    if type(model) is RecurrentActorCritic and ewma:
+        return "a recurrent policy with algo.loss.prox=ewma (the EWMA policy's unroll is torch's)"
     if activation not in ACTIVATIONS:
         return f"policy.activation={activation}"
     if any(p.dtype != torch.float32 for p in model.parameters()):
@@ -138,13 +172,38 @@ class NumpyStep:
         self.M, self.V = Flat(self.params), Flat(self.params)
         pos = {id(p): i for i, p in enumerate(self.params)}
 
-        def layers(flat: Flat, seq) -> Layers:
+        def layers(flat: Flat, seq, last_act: bool = False) -> Layers:
             lins = [m for m in seq if isinstance(m, torch.nn.Linear)]
-            return Layers([(flat.views[pos[id(m.weight)]], flat.views[pos[id(m.bias)]]) for m in lins], activation)
+            return Layers([(flat.views[pos[id(m.weight)]], flat.views[pos[id(m.bias)]]) for m in lins], activation,
+                          last_act)
 
-        self.pi, self.v = layers(self.P, model.pi), layers(self.P, model.v)
-        self.g_pi = layers(self.G, model.pi).pairs
-        self.g_v = layers(self.G, model.v).pairs
+        self.recurrent = hasattr(model, "core")
+        if self.recurrent:  # encoder -> core (torch's fused kernel) -> one linear layer per head
+            if prox_model is not None:
+                raise ValueError("NumpyStep: a recurrent policy with an EWMA proximal policy (see supported)")
+            self.enc, self.g_enc = layers(self.P, model.enc, True), layers(self.G, model.enc, True).pairs
+            pi, v = [model.pi_head], [model.v_head]
+            self.kind, self.hidden, self.state_shape = model.kind, model.hidden, tuple(model.state_shape)
+            # a private copy of the core whose weights are views of the flat buffer: the kernel reads the weights
+            # each step leaves there, and its gradients are copied into G. An LSTM's copy has one more input, the
+            # reset (see lanes): its own input weights, refreshed from the flat buffer at each step
+            self.core_at = [pos[id(w)] for w in model.core.parameters()]
+            if self.kind == "lstm":
+                E = model.core.input_size
+                self.core = torch.nn.LSTM(E + 1, self.hidden)
+                self.w_ih = np.zeros((4 * self.hidden, E + 1), np.float32)
+                self.w_ih[:2 * self.hidden, E] = RESET_WEIGHT
+            else:
+                self.core = copy.deepcopy(model.core)
+            with torch.no_grad():
+                for (name, w), i in zip(self.core.named_parameters(), self.core_at):
+                    w.data = torch.from_numpy(self.w_ih if name == "weight_ih_l0" and self.kind == "lstm"
+                                              else self.P.views[i])
+        else:
+            pi, v = model.pi, model.v
+        self.pi, self.v = layers(self.P, pi), layers(self.P, v)
+        self.g_pi = layers(self.G, pi).pairs
+        self.g_v = layers(self.G, v).pairs
         self.log_std = None if self.discrete else self.P.views[pos[id(model.log_std)]]
         self.g_log_std = None if self.discrete else self.G.views[pos[id(model.log_std)]]
         self.Q = self.q_pi = None
@@ -221,11 +280,20 @@ class NumpyStep:
         """The loss's gradient into ``self.G``: ``kind`` in clip | dual_clip | decoupled | decoupled_dual_clip;
         ``old`` the behavior log-probs, ``start`` the policy's at the update's start, ``prox`` the decoupled loss's
         proximal log-probs (default ``start``); ``loss`` the config's ``algo.loss``. Returns the step's figures."""
-        n = len(adv)
-        f32 = np.float32
         hp, out = self.pi.forward(x)
         hv, vout = self.v.forward(x)
-        v = vout[:, 0]
+        dout, dv, figures = self._loss(out, vout[:, 0], actions, mask, adv, ret, old, start, loss, kind, prox)
+        self.pi.backward(hp, dout, self.g_pi)
+        self.v.backward(hv, dv, self.g_v)
+        return figures
+
+    def _loss(self, out: np.ndarray, v: np.ndarray, actions: np.ndarray, mask: Optional[np.ndarray],
+              adv: np.ndarray, ret: np.ndarray, old: np.ndarray, start: np.ndarray, loss, kind: str,
+              prox: Optional[np.ndarray]):
+        """From the heads' outputs (``out`` [n, A], values ``v`` [n]): (dL/dout, dL/dv [n, 1], the step's figures);
+        the log-std's gradient is written into ``self.G``."""
+        n = len(adv)
+        f32 = np.float32
         logp, ent, aux = self._dist(out, actions, mask, self.log_std)
         a = adv
         if loss.norm_adv and n > 1:
@@ -279,14 +347,183 @@ class NumpyStep:
             g = (dlogp[:, None] * (z * z - 1.0)).sum(axis=0) + d_ent * n
             g *= (self.log_std >= LOG_STD_MIN) & (self.log_std <= LOG_STD_MAX)
             self.g_log_std[...] = g
-        self.pi.backward(hp, dout, self.g_pi)
-        self.v.backward(hv, dv, self.g_v)
         log_r = logp - start
         kl = float(np.maximum(np.expm1(log_r) - log_r, 0.0).sum() / f32(n))  # (numpy's mean() costs ~9 us a call)
         figures = {"policy_loss": float(pl), "value_loss": float(vl), "entropy": ent_m, "clip_frac": clip_frac,
                    "dual_clip_frac": dual_frac, "approx_kl": kl}
         if trunc is not None:
             figures["is_trunc_frac"] = trunc
+        return dout, dv, figures
+
+    # ---- one minibatch of a recurrent policy ----------------------------------------------------------------
+    def _hx(self, state: np.ndarray):
+        t = torch.from_numpy(np.ascontiguousarray(state))
+        return t[None] if self.kind == "gru" else (t[:, 0][None].contiguous(), t[:, 1][None].contiguous())
+
+    def _state(self, hx) -> np.ndarray:
+        return (hx[0] if self.kind == "gru" else torch.stack([hx[0][0], hx[1][0]], dim=1)).numpy()
+
+    def recurrent_step(self, obs: np.ndarray, init: np.ndarray, dones: np.ndarray, keep: np.ndarray,
+                       cut: Optional[np.ndarray], cut_at: int, actions: np.ndarray, mask: Optional[np.ndarray],
+                       adv: np.ndarray, ret: np.ndarray, old: np.ndarray, start: np.ndarray, loss, lr: float,
+                       betas: Tuple[float, float], eps_adam: float, kind: str) -> Dict[str, float]:
+        """One step of a recurrent policy: :meth:`recurrent_gradient`, then :meth:`apply`."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            figures = self.recurrent_gradient(obs, init, dones, keep, cut, cut_at, actions, mask, adv, ret, old,
+                                              start, loss, kind)
+        self.apply(loss.max_grad_norm, lr, betas, eps_adam)
+        return figures
+
+    def recurrent_gradient(self, obs: np.ndarray, init: np.ndarray, dones: np.ndarray, keep: np.ndarray,
+                           cut: Optional[np.ndarray], cut_at: int, actions: np.ndarray, mask: Optional[np.ndarray],
+                           adv: np.ndarray, ret: np.ndarray, old: np.ndarray, start: np.ndarray, loss,
+                           kind: str) -> Dict[str, float]:
+        """The loss's gradient into ``self.G`` for ``n`` whole sequences, as the torch path's
+        :meth:`~laglab.policy.RecurrentActorCritic.outputs` lays them out: ``obs`` [T, n, *obs], ``init`` [n, *S] the
+        states before their first steps, ``dones`` [T, n], ``keep`` [T, n] the steps the loss counts, ``cut`` [n]
+        the sequences whose state at step ``cut_at`` is taken without a gradient (burn-in). The rows of the
+        per-step arrays (``actions`` ... ``start``) are the kept steps in time-major order. The encoder and the
+        heads are numpy's (hand-derived gradients); the core runs forwards and backwards in torch's fused kernel,
+        once per minibatch, on the weights in ``self.P``."""
+        from .policy import pieces
+
+        T, n = dones.shape
+        he, e = self.enc.forward(obs.reshape(T * n, -1))
+        E = e.shape[1]
+        lstm = self.kind == "lstm"
+        if lstm:
+            self.w_ih[:, :E] = self.P.views[self.core_at[0]]
+        first_step = np.zeros(n, dtype=np.int64)
+        if cut is not None and 0 < cut_at < T and cut.any():
+            c = np.flatnonzero(cut)
+            x = e.reshape(T, n, E)[:cut_at, c]
+            if lstm:  # (its reset input: 0)
+                x = np.concatenate([x, np.zeros(x.shape[:2] + (1,), np.float32)], axis=2)
+            with torch.no_grad():
+                _, hx = self.core(torch.from_numpy(np.ascontiguousarray(x)), self._hx(init[c]))
+            init = init.copy()
+            init[c] = self._state(hx)
+            first_step[c] = cut_at
+        if lstm:
+            return self._lstm_lanes(he, e, init, dones, keep, first_step, actions, mask, adv, ret, old, start, loss,
+                                    kind)
+        cols, first, pos, valid = pieces(dones, first_step)
+        L, S = pos.shape
+        e_pad = np.concatenate([e, np.zeros((1, E), np.float32)])
+        xs = torch.from_numpy(e_pad[pos.reshape(-1)].reshape(L, S, E)).requires_grad_()
+        h0 = init[cols] * first.astype(np.float32).reshape((S,) + (1,) * len(self.state_shape))
+        for w in self.core.parameters():
+            w.grad = None
+        out, _ = self.core(xs, self._hx(h0))
+        h_all = np.zeros((T * n + 1, self.hidden), np.float32)
+        flat_pos = pos[valid]
+        h_all[flat_pos] = out.detach().numpy()[valid]
+        rows = np.flatnonzero(keep.reshape(-1))
+        h = h_all[rows]
+        hp, pout = self.pi.forward(h)
+        hv, vout = self.v.forward(h)
+        dout, dv, figures = self._loss(pout, vout[:, 0], actions, mask, adv, ret, old, start, loss, kind, None)
+        self.pi.backward(hp, dout, self.g_pi)
+        self.v.backward(hv, dv, self.g_v)
+        dh_all = np.zeros((T * n + 1, self.hidden), np.float32)  # (row T * n: the padding's, zero)
+        dh_all[rows] = dout @ self.pi.pairs[0][0] + dv @ self.v.pairs[0][0]
+        out.backward(torch.from_numpy(dh_all[pos]))
+        for w, i in zip(self.core.parameters(), self.core_at):
+            self.G.views[i][...] = w.grad.numpy()
+        de = np.zeros((T * n + 1, E), np.float32)
+        de[flat_pos] = xs.grad.numpy()[valid]  # (each step is in one piece: no sums)
+        self.enc.backward(he, de[:T * n], self.g_enc, out=e)
+        return figures
+
+    def recurrent_pass(self, obs: np.ndarray, state: np.ndarray, dones: np.ndarray, height: np.ndarray,
+                       pred: np.ndarray, actions: np.ndarray, masks: Optional[np.ndarray], last_obs: np.ndarray,
+                       trunc_obs: np.ndarray, trunc_pos: np.ndarray):
+        """:meth:`laglab.learner.Learner._recurrent_pass` under the weights in ``self.P``, step by step in numpy (the
+        actors' :class:`laglab.recurrent.Cell`): one pass over T steps per chain level instead of torch's kernel
+        called once per stretch between two episode ends. ``obs`` [T, N, *obs], ``state`` [N, *S] the stored
+        states, ``dones`` [T, N], ``height`` / ``pred`` the chains (:func:`laglab.learner.chain_heights`,
+        :func:`~laglab.learner.predecessors`), ``actions`` [T * N, ...], ``masks`` [T * N, A] or None. Returns
+        (values [T, N], bootstrap [N], the truncations' values [K] or None, log-probs [T, N], initial states
+        [N, *S])."""
+        from .recurrent import Cell
+
+        T, N = dones.shape
+        cell = Cell(self.kind, {k: self.P.views[i] for k, i in
+                                zip(("weight_ih", "weight_hh", "bias_ih", "bias_hh"), self.core_at)})
+        x = self.enc.forward(obs.reshape(T * N, -1), keep=False)[1].reshape(T, N, -1)
+        S = (1,) * len(self.state_shape)
+        init = state.copy()
+        hs = np.zeros((T, N, self.hidden), np.float32)
+        last = np.zeros((N,) + self.state_shape, np.float32)  # the state after the last step
+        t_trunc, n_trunc = np.divmod(trunc_pos, N)
+        at_trunc = np.zeros((len(trunc_pos),) + self.state_shape, np.float32)
+        keep = (~dones).astype(np.float32).reshape((T, N) + S)
+        for level in range(int(height.max()) + 1):
+            at = np.flatnonzero(height == level)
+            if level > 0:
+                p = pred[at]
+                init[at] = last[p] * keep[-1, p]
+            s_ = init[at]
+            here = np.isin(n_trunc, at)
+            for t in range(T):
+                s_ = cell.step(x[t, at], s_)
+                hs[t, at] = Cell.output(self.kind, s_)
+                if t == T - 1:
+                    last[at] = s_
+                hit = here & (t_trunc == t)
+                if hit.any():  # (a truncated step ends an episode: its state bootstraps the final observation)
+                    at_trunc[hit] = s_[np.searchsorted(at, n_trunc[hit])]
+                s_ = s_ * keep[t, at]
+        _, out = self.pi.forward(hs.reshape(T * N, -1), keep=False)
+        logp = self._dist(out, actions, masks, self.log_std)[0].reshape(T, N)
+        values = self.v.forward(hs.reshape(T * N, -1), keep=False)[1].reshape(T, N)
+
+        def value_after(o: np.ndarray, s0: np.ndarray) -> np.ndarray:
+            s1 = cell.step(self.enc.forward(o.reshape(len(o), -1), keep=False)[1], s0)
+            return self.v.forward(Cell.output(self.kind, s1), keep=False)[1][:, 0]
+
+        bootstrap = value_after(last_obs, last * keep[-1])
+        trunc_values = value_after(trunc_obs, at_trunc) if len(trunc_pos) else None
+        return values, bootstrap, trunc_values, logp, init
+
+    def _heads_backward(self, h: np.ndarray, actions, mask, adv, ret, old, start, loss, kind: str):
+        """The heads on the kept steps' core outputs ``h`` [rows, H]: (dL/dh, the step's figures); the heads'
+        gradients are written into ``self.G``."""
+        hp, pout = self.pi.forward(h)
+        hv, vout = self.v.forward(h)
+        dout, dv, figures = self._loss(pout, vout[:, 0], actions, mask, adv, ret, old, start, loss, kind, None)
+        self.pi.backward(hp, dout, self.g_pi)
+        self.v.backward(hv, dv, self.g_v)
+        return dout @ self.pi.pairs[0][0] + dv @ self.v.pairs[0][0], figures
+
+    def _lstm_lanes(self, he, e, init, dones, keep, first_step, actions, mask, adv, ret, old, start, loss, kind):
+        """:meth:`recurrent_gradient`'s core for an LSTM: each sequence is one lane of a single dense call of the
+        fused kernel (:func:`lanes`: a reset step after each episode end zeroes the state exactly), instead of one
+        padded column per piece between episode ends (twice the kernel's work once episodes are shorter than the
+        segments)."""
+        T, n = dones.shape
+        E = e.shape[1]
+        live, lane, (r_lane, r_col), L = lanes(dones, first_step)
+        tt, cc = np.nonzero(live)
+        xs = np.zeros((L, n, E + 1), np.float32)
+        xs[lane[tt, cc], cc, :E] = e.reshape(T, n, E)[tt, cc]
+        xs[r_lane, r_col, E] = 1.0
+        xs = torch.from_numpy(xs).requires_grad_()
+        for w in self.core.parameters():
+            w.grad = None
+        out, _ = self.core(xs, self._hx(init))
+        kt, kc = np.nonzero(keep)  # (the rows, time-major as the caller's arrays)
+        at = lane[kt, kc]
+        dh, figures = self._heads_backward(out.detach().numpy()[at, kc], actions, mask, adv, ret, old, start, loss,
+                                           kind)
+        d_out = np.zeros((L, n, self.hidden), np.float32)
+        d_out[at, kc] = dh
+        out.backward(torch.from_numpy(d_out))
+        for (name, w), i in zip(self.core.named_parameters(), self.core_at):
+            self.G.views[i][...] = w.grad.numpy()[:, :E] if name == "weight_ih_l0" else w.grad.numpy()
+        de = np.zeros((T, n, E), np.float32)
+        de[tt, cc] = xs.grad.numpy()[lane[tt, cc], cc, :E]
+        self.enc.backward(he, de.reshape(T * n, E), self.g_enc, out=e)
         return figures
 
     def apply(self, max_grad_norm: float, lr: float, betas: Tuple[float, float], eps_adam: float) -> None:

@@ -104,6 +104,28 @@ class ActorCritic(nn.Module):
 
 
 
+def pieces(dones: np.ndarray, start: np.ndarray):
+    """How :meth:`RecurrentActorCritic.outputs` lays ``N`` sequences of ``T`` steps out as pieces for one call of the
+    fused kernel. ``dones`` [T, N] bool (an episode ended at step t), ``start`` [N] the step each sequence starts at.
+    A piece ends at an episode end (at or after its sequence's start) or at the last step, and begins at the
+    sequence's start or one step after the previous piece's end. Returns (cols [S]: each piece's sequence, first [S]
+    bool: the piece begins its sequence — it starts from the sequence's state, the others from zero —, pos [L, S]:
+    the flat position ``t * N + n`` in [T * N] of each of its steps, ``T * N`` past its end (padding), valid [L, S])."""
+    T, N = dones.shape
+    end = dones.copy()
+    end[T - 1] = True
+    end[np.arange(T).reshape(-1, 1) < start.reshape(1, -1)] = False
+    cols, ends = np.nonzero(end.T)
+    first = np.ones(len(cols), dtype=bool)
+    first[1:] = cols[1:] != cols[:-1]
+    a0 = np.where(first, start[cols], np.concatenate([[0], ends[:-1] + 1]))
+    lens = ends + 1 - a0
+    step = np.arange(int(lens.max())).reshape(-1, 1)
+    valid = step < lens.reshape(1, -1)
+    pos = np.where(valid, (a0.reshape(1, -1) + step) * N + cols.reshape(1, -1), T * N)
+    return cols, first, pos, valid
+
+
 class RecurrentActorCritic(nn.Module):
     """An encoder MLP (``hidden_sizes``, each layer followed by the activation), a one-layer GRU or LSTM of ``hidden``
     units, then a linear policy head and a linear value head on its output h (shared core, as Sample Factory's and
@@ -203,25 +225,10 @@ class RecurrentActorCritic(nn.Module):
             init = state.clone()
             init[c] = self._state(hx)
             start[c.cpu().numpy()] = cut_at
-        # the pieces, column by column in time order: each ends at an episode end (at or after the column's start)
-        # or at the last step, and begins at the column's start or one step after the previous piece's end
-        end = dones.cpu().numpy().copy()
-        end[T - 1] = True
-        end[np.arange(T).reshape(-1, 1) < start.reshape(1, -1)] = False
-        cols, ends = np.nonzero(end.T)
-        first = np.ones(len(cols), dtype=bool)
-        first[1:] = cols[1:] != cols[:-1]
-        a0 = np.where(first, start[cols], np.concatenate([[0], ends[:-1] + 1]))
-        lens = ends + 1 - a0
-        S, L = len(cols), int(lens.max())
-        dev = x.device
-        cols_t, a0_t, lens_t = (torch.from_numpy(v).to(dev) for v in (cols, a0, lens))
-        step = torch.arange(L, device=dev).view(-1, 1)
-        valid = step < lens_t.view(1, -1)  # [L, S]
-        pos = (a0_t.view(1, -1) + step) * N + cols_t.view(1, -1)  # [L, S] positions in [T * N]
-        pos = torch.where(valid, pos, torch.full_like(pos, T * N))  # (padding reads a zero row)
+        cols, first, pos, valid = (torch.from_numpy(v).to(x.device) for v in pieces(dones.cpu().numpy(), start))
+        L, S = pos.shape
         xs = torch.cat([x, x.new_zeros((1, x.shape[1]))])[pos.reshape(-1)].view(L, S, -1)
-        h0 = init[cols_t] * torch.from_numpy(first).to(dev, x.dtype).view((S,) + (1,) * len(self.state_shape))
+        h0 = init[cols] * first.to(x.dtype).view((S,) + (1,) * len(self.state_shape))
         out, _ = self.core(xs, self._hx(h0))
         return x.new_zeros((T * N, self.hidden)).index_put((pos[valid],), out[valid]).view(T, N, -1)
 
