@@ -704,7 +704,8 @@ def validate(cfg: Any) -> Config:
     check_device(lr.device)
     _require(lr.backend in BACKENDS, "learner.backend", " | ".join(BACKENDS), lr.backend)
     if lr.backend == "numpy":
-        _require(c.policy.recurrent == "none" or c.algo.loss.prox != Prox.ewma, "learner.backend",
+        ewma = c.algo.loss.kind in (LossKind.decoupled, LossKind.decoupled_dual_clip) and c.algo.loss.prox == Prox.ewma
+        _require(c.policy.recurrent == "none" or not ewma, "learner.backend",
                  "auto or torch with a recurrent policy and algo.loss.prox=ewma (the EWMA policy's unroll is torch's)",
                  lr.backend)
         _require(lr.device in ("auto", "cpu"), "learner.backend",

@@ -386,10 +386,11 @@ class Learner:
         height = chain_heights(b.succ)
         if self._np is not None and model is None:  # (numpy step by step: the fused kernel's calls cost more)
             self._np.P.load(self.params)
-            out = self._np.recurrent_pass(
-                b.obs.numpy().reshape((T, N) + self.spec.obs_shape), b.state.numpy(), b.dones.numpy(), height,
-                predecessors(b.succ), b.actions.numpy(), None if b.masks is None else b.masks.numpy(),
-                b.last_obs.numpy(), b.trunc_obs.numpy(), b.trunc_pos.numpy())
+            with np.errstate(over="ignore", invalid="ignore"):  # (a diverged policy's NaNs, as torch's, silently)
+                out = self._np.recurrent_pass(
+                    b.obs.numpy().reshape((T, N) + self.spec.obs_shape), b.state.numpy(), b.dones.numpy(), height,
+                    predecessors(b.succ), b.actions.numpy(), None if b.masks is None else b.masks.numpy(),
+                    b.last_obs.numpy(), b.trunc_obs.numpy(), b.trunc_pos.numpy())
             return tuple(None if a is None else torch.from_numpy(np.ascontiguousarray(a)) for a in out)
         init = b.state.clone()
         hs = torch.zeros((T, N, m.hidden), device=self.device)

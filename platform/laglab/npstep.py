@@ -1,5 +1,6 @@
-"""The feed-forward learner's minibatch step in numpy: forward, loss, hand-derived gradients, global-norm
-clipping and Adam, on flat copies of the model's parameters and the optimizer's state.
+"""The learner's minibatch step in numpy: forward, loss, hand-derived gradients, global-norm clipping and Adam, on
+flat copies of the model's parameters and the optimizer's state. A recurrent policy's core runs forwards and
+backwards in torch's kernel (see :meth:`NumpyStep.recurrent_gradient`); the rest of its step is numpy's.
 
 Why: at the presets' sizes (a 64 x 64 MLP, minibatches of 64-256 rows) the torch step is dispatch and autograd
 bookkeeping, not arithmetic — ~140 ops of a few microseconds each and an autograd graph per minibatch. The same
@@ -116,15 +117,18 @@ class Flat:
                 t.copy_(torch.from_numpy(v))
 
 
-RESET_WEIGHT = -1e9  # the reset input's weight into an LSTM's input and forget gates: both exactly 0 (see lanes)
+# the reset input's weight into an LSTM's input and forget gates: both exactly 0 (see lanes) while every other gate
+# pre-activation stays far below 1e9 in size (only a diverged policy's could reach it)
+RESET_WEIGHT = -1e9
 
 
 def lanes(dones: np.ndarray, start: np.ndarray):
     """A dense layout of ``N`` sequences of ``T`` steps for one call of torch's fused LSTM kernel: sequence n is lane
     n from its step ``start[n]``, with one reset step inserted after each of its episode ends (but the last step).
     A reset step's input is zero but for an extra reset feature of weight :data:`RESET_WEIGHT` into the input and
-    forget gates: both gates are exactly 0, so the state after it is exactly zero (c = 0 * c + 0 * g, h = o *
-    tanh(0)), its output is discarded, and no gradient crosses it (each gate's derivative is 0). ``dones`` [T, N]
+    forget gates: both gates are exactly 0 (while the other pre-activations are far below 1e9 in size), so the state
+    after it is exactly zero (c = 0 * c + 0 * g, h = o * tanh(0)), its output is discarded, and no gradient crosses
+    it (each gate's derivative is 0). ``dones`` [T, N]
     bool, ``start`` [N]. Returns (live [T, N] bool: the steps laid out, lane [T, N]: each live step's position in its
     lane, (lane positions, lanes) of the reset steps, L: the lanes' length)."""
     T, N = dones.shape
@@ -158,7 +162,8 @@ def supported(model: torch.nn.Module, device: torch.device, activation: str, ewm
 
 
 class NumpyStep:
-    """The update's minibatch steps for a feed-forward :class:`~laglab.policy.ActorCritic` and the learner's
+    """The update's minibatch steps for a :class:`~laglab.policy.ActorCritic` or a
+    :class:`~laglab.policy.RecurrentActorCritic` (without an EWMA proximal policy) and the learner's
     :class:`~laglab.optim.Adam`: :meth:`load` copies the weights and the optimizer's state in, :meth:`step` runs one
     minibatch, :meth:`store` copies them back (so snapshots, checkpoints and the torch paths see one model)."""
 
@@ -190,7 +195,8 @@ class NumpyStep:
             self.core_at = [pos[id(w)] for w in model.core.parameters()]
             if self.kind == "lstm":
                 E = model.core.input_size
-                self.core = torch.nn.LSTM(E + 1, self.hidden)
+                with torch.random.fork_rng(devices=[]):  # (its initial weights are overwritten: draw nothing)
+                    self.core = torch.nn.LSTM(E + 1, self.hidden)
                 self.w_ih = np.zeros((4 * self.hidden, E + 1), np.float32)
                 self.w_ih[:2 * self.hidden, E] = RESET_WEIGHT
             else:
