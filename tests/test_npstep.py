@@ -36,22 +36,26 @@ def make(discrete: bool, activation: str = "tanh", seed: int = 0, masked: bool =
     return model
 
 
+def sample(out, discrete: bool, masked: bool, g):
+    """(actions drawn from the head's output ``out`` [n, A], the legal-action masks or None): 4 categorical actions,
+    masked ones with at least one legal action per row, or a Gaussian around ``out``."""
+    n, mask = len(out), None
+    if not discrete:
+        return out + torch.randn(n, 3, generator=g) * 0.7, None
+    if masked:
+        mask = torch.rand(n, 4, generator=g) < 0.6
+        mask[torch.arange(n), torch.randint(0, 4, (n,), generator=g)] = True
+        out = out.masked_fill(~mask, -1e9)
+    return torch.multinomial(torch.softmax(out, -1), 1, generator=g)[:, 0], mask
+
+
 def rows(model, seed: int, masked: bool, stale: float):
     """A minibatch: obs, actions drawn from the policy, masks, advantages, returns, and behavior / start /
     proximal log-probs (``stale`` moves the behavior policy's log-probs away from the current ones)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(N, 5, generator=g)
-    mask = None
     with torch.no_grad():
-        out = model.pi(x)
-        if model.discrete:
-            if masked:
-                mask = torch.rand(N, 4, generator=g) < 0.6
-                mask[torch.arange(N), torch.randint(0, 4, (N,), generator=g)] = True
-                out = out.masked_fill(~mask, -1e9)
-            a = torch.multinomial(torch.softmax(out, -1), 1, generator=g)[:, 0]
-        else:
-            a = out + torch.randn(N, 3, generator=g) * 0.7
+        a, mask = sample(model.pi(x), model.discrete, masked, g)
         logp = model.logp_entropy(x, a, mask)[0]
     adv = torch.randn(N, generator=g) * 2.0
     ret = torch.randn(N, generator=g)
@@ -224,17 +228,8 @@ def sequences(model, seed: int, masked: bool, stale: float, burn_in: int, T: int
         keep[:2, 1] = False
     with torch.no_grad():
         h = model.outputs(obs, init, dones, burn_in, cut)[keep]
-        out = model.pi_head(h)
         k = len(h)
-        mask = None
-        if model.discrete:
-            if masked:
-                mask = torch.rand(k, 4, generator=g) < 0.6
-                mask[torch.arange(k), torch.randint(0, 4, (k,), generator=g)] = True
-                out = out.masked_fill(~mask, -1e9)
-            a = torch.multinomial(torch.softmax(out, -1), 1, generator=g)[:, 0]
-        else:
-            a = out + torch.randn(k, 3, generator=g) * 0.7
+        a, mask = sample(model.pi_head(h), model.discrete, masked, g)
         logp = model.logp_entropy_of(h, a, mask)[0]
     adv, ret = torch.randn(k, generator=g) * 2.0, torch.randn(k, generator=g)
     old = logp + stale * torch.randn(k, generator=g)
