@@ -183,7 +183,7 @@ class NumpyStep:
                           last_act)
 
         self.recurrent = hasattr(model, "core")
-        if self.recurrent:  # encoder -> core (torch's fused kernel) -> one linear layer per head
+        if self.recurrent:  # encoder -> core (torch's kernel) -> one linear layer per head
             if prox_model is not None:
                 raise ValueError("NumpyStep: a recurrent policy with an EWMA proximal policy (see supported)")
             self.enc, self.g_enc = layers(self.P, model.enc, True), layers(self.G, model.enc, True).pairs
@@ -389,8 +389,8 @@ class NumpyStep:
         states before their first steps, ``dones`` [T, n], ``keep`` [T, n] the steps the loss counts, ``cut`` [n]
         the sequences whose state at step ``cut_at`` is taken without a gradient (burn-in). The rows of the
         per-step arrays (``actions`` ... ``start``) are the kept steps in time-major order. The encoder and the
-        heads are numpy's (hand-derived gradients); the core runs forwards and backwards in torch's fused kernel,
-        once per minibatch, on the weights in ``self.P``."""
+        heads are numpy's (hand-derived gradients); the core runs forwards and backwards in torch's kernel (an
+        LSTM's is fused, a GRU's runs step by step), one call per minibatch, on the weights in ``self.P``."""
         from .policy import pieces
 
         T, n = dones.shape
@@ -425,14 +425,8 @@ class NumpyStep:
         flat_pos = pos[valid]
         h_all[flat_pos] = out.detach().numpy()[valid]
         rows = np.flatnonzero(keep.reshape(-1))
-        h = h_all[rows]
-        hp, pout = self.pi.forward(h)
-        hv, vout = self.v.forward(h)
-        dout, dv, figures = self._loss(pout, vout[:, 0], actions, mask, adv, ret, old, start, loss, kind, None)
-        self.pi.backward(hp, dout, self.g_pi)
-        self.v.backward(hv, dv, self.g_v)
         dh_all = np.zeros((T * n + 1, self.hidden), np.float32)  # (row T * n: the padding's, zero)
-        dh_all[rows] = dout @ self.pi.pairs[0][0] + dv @ self.v.pairs[0][0]
+        dh_all[rows], figures = self._heads_backward(h_all[rows], actions, mask, adv, ret, old, start, loss, kind)
         out.backward(torch.from_numpy(dh_all[pos]))
         for w, i in zip(self.core.parameters(), self.core_at):
             self.G.views[i][...] = w.grad.numpy()
