@@ -704,8 +704,7 @@ def validate(cfg: Any) -> Config:
     check_device(lr.device)
     _require(lr.backend in BACKENDS, "learner.backend", " | ".join(BACKENDS), lr.backend)
     if lr.backend == "numpy":
-        ewma = c.algo.loss.kind in (LossKind.decoupled, LossKind.decoupled_dual_clip) and c.algo.loss.prox == Prox.ewma
-        _require(c.policy.recurrent == "none" or not ewma, "learner.backend",
+        _require(c.policy.recurrent == "none" or not ewma_prox(c), "learner.backend",
                  "auto or torch with a recurrent policy and algo.loss.prox=ewma (the EWMA policy's unroll is torch's)",
                  lr.backend)
         _require(lr.device in ("auto", "cpu"), "learner.backend",
@@ -719,6 +718,15 @@ def validate(cfg: Any) -> Config:
         c.tracking.wandb.mode,
     )
     return c
+
+
+def is_decoupled(cfg: Config) -> bool:
+    return cfg.algo.loss.kind in (LossKind.decoupled, LossKind.decoupled_dual_clip)
+
+
+def ewma_prox(cfg: Config) -> bool:
+    """The decoupled loss with the EWMA proximal policy (``algo.loss.prox=ewma`` means nothing to another loss)."""
+    return is_decoupled(cfg) and cfg.algo.loss.prox == Prox.ewma
 
 
 def batch_fragments(cfg: Config) -> int:

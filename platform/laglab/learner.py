@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from . import algo, npstep
-from .config import Config, ConfigError, Estimator, LossKind, LrSchedule, Prox
+from .config import Config, ConfigError, Estimator, LossKind, LrSchedule, ewma_prox, is_decoupled
 from .npstep import NumpyStep
 from .optim import Adam, clip_grad_norm
 from .envs import EnvSpec, RunningMeanStd, normalize
@@ -50,8 +50,7 @@ def resolve_backend(cfg: Config, model: torch.nn.Module, device: torch.device) -
     """``learner.backend``: numpy or torch for this model on this device. auto: numpy wherever it can run, unless the
     learner has more than one torch thread (``runner.torch_threads``: set where an update is large enough for threads
     to pay, which numpy's one-thread step does not use: ``benchmarks/learner_device.py``, the large case)."""
-    why_not = npstep.supported(model, device, cfg.policy.activation,
-                               ewma=is_decoupled(cfg) and cfg.algo.loss.prox == Prox.ewma)
+    why_not = npstep.supported(model, device, cfg.policy.activation, ewma=ewma_prox(cfg))
     if cfg.learner.backend == "numpy" and why_not:
         raise ConfigError(f"learner.backend=numpy cannot run {why_not}: use learner.backend=auto or torch")
     threads = cfg.runner.torch_threads
@@ -204,7 +203,7 @@ class Learner:
         self.prox_model: Optional[ActorCritic] = None
         self.prox_beta = prox_beta(cfg)
         self._ewma_total = 1.0  # the weight the EWMA has accumulated (bias correction, as PPO-EWMA)
-        if is_decoupled(cfg) and cfg.algo.loss.prox == Prox.ewma:
+        if ewma_prox(cfg):
             self.prox_model = copy.deepcopy(self.model).requires_grad_(False)
             for m in self.prox_model.modules():  # (a copied GRU/LSTM's weights are no longer one cuDNN chunk)
                 if isinstance(m, torch.nn.RNNBase):
@@ -830,10 +829,6 @@ def read_checkpoint(path: Path, cfg: Config, spec: EnvSpec, purpose: str = "resu
     if diff:
         raise ConfigError(f"invalid config: {purpose}={path} does not fit this run ({'; '.join(diff)})")
     return state
-
-
-def is_decoupled(cfg: Config) -> bool:
-    return cfg.algo.loss.kind in (LossKind.decoupled, LossKind.decoupled_dual_clip)
 
 
 def prox_beta(cfg: Config) -> float:
