@@ -182,8 +182,7 @@ class NumpyStep:
             return Layers([(flat.views[pos[id(m.weight)]], flat.views[pos[id(m.bias)]]) for m in lins], activation,
                           last_act)
 
-        self.recurrent = hasattr(model, "core")
-        if self.recurrent:  # encoder -> core (torch's kernel) -> one linear layer per head
+        if hasattr(model, "core"):  # recurrent: encoder -> core (torch's kernel) -> one linear layer per head
             if prox_model is not None:
                 raise ValueError("NumpyStep: a recurrent policy with an EWMA proximal policy (see supported)")
             self.enc, self.g_enc = layers(self.P, model.enc, True), layers(self.G, model.enc, True).pairs
@@ -363,11 +362,17 @@ class NumpyStep:
 
     # ---- one minibatch of a recurrent policy ----------------------------------------------------------------
     def _hx(self, state: np.ndarray):
-        t = torch.from_numpy(np.ascontiguousarray(state))
-        return t[None] if self.kind == "gru" else (t[:, 0][None].contiguous(), t[:, 1][None].contiguous())
+        """The kernel's hidden-state argument for states [n, *S] (the model's own conversion)."""
+        return self.model._hx(torch.from_numpy(np.ascontiguousarray(state)))
 
     def _state(self, hx) -> np.ndarray:
-        return (hx[0] if self.kind == "gru" else torch.stack([hx[0][0], hx[1][0]], dim=1)).numpy()
+        return self.model._state(hx).numpy()
+
+    def _core_grads(self) -> None:
+        """The private core's gradients into ``self.G`` (an LSTM's input weights without the reset input's column)."""
+        for (name, w), i in zip(self.core.named_parameters(), self.core_at):
+            g = w.grad.numpy()
+            self.G.views[i][...] = g[:, :-1] if name == "weight_ih_l0" and self.kind == "lstm" else g
 
     def recurrent_step(self, obs: np.ndarray, init: np.ndarray, dones: np.ndarray, keep: np.ndarray,
                        cut: Optional[np.ndarray], cut_at: int, actions: np.ndarray, mask: Optional[np.ndarray],
@@ -428,8 +433,7 @@ class NumpyStep:
         dh_all = np.zeros((T * n + 1, self.hidden), np.float32)  # (row T * n: the padding's, zero)
         dh_all[rows], figures = self._heads_backward(h_all[rows], actions, mask, adv, ret, old, start, loss, kind)
         out.backward(torch.from_numpy(dh_all[pos]))
-        for w, i in zip(self.core.parameters(), self.core_at):
-            self.G.views[i][...] = w.grad.numpy()
+        self._core_grads()
         de = np.zeros((T * n + 1, E), np.float32)
         de[flat_pos] = xs.grad.numpy()[valid]  # (each step is in one piece: no sums)
         self.enc.backward(he, de[:T * n], self.g_enc, out=e)
@@ -519,8 +523,7 @@ class NumpyStep:
         d_out = np.zeros((L, n, self.hidden), np.float32)
         d_out[at, kc] = dh
         out.backward(torch.from_numpy(d_out))
-        for (name, w), i in zip(self.core.named_parameters(), self.core_at):
-            self.G.views[i][...] = w.grad.numpy()[:, :E] if name == "weight_ih_l0" else w.grad.numpy()
+        self._core_grads()
         de = np.zeros((T, n, E), np.float32)
         de[tt, cc] = xs.grad.numpy()[lane[tt, cc], cc, :E]
         self.enc.backward(he, de.reshape(T * n, E), self.g_enc, out=e)
