@@ -26,6 +26,7 @@ from .references import normalize
 
 MIN_CI_RUNS = 5  # below this many runs per group an interval is the seed range, not a CI
 MIN_CLAIM_RUNS = 10  # runs per arm a claim in the README needs
+DIVERGED = "summary.diverged_at_update"  # the first update whose loss was not finite (null: none)
 REPS, BOOT_SEED = 2000, 0
 
 # config keys that differ between runs without being a treatment
@@ -410,7 +411,11 @@ def select(df: pd.DataFrame, key: str, on_seeds: Sequence[int], by: Sequence[str
     Returns (the runs with ``used`` kept only for the held-out runs of the chosen values and a ``selection``
     column, one row per group with the chosen value, ``how`` it was chosen and each candidate's selection IQM).
     A group whose runs are all held-out at one value is kept as "fixed" (its value chosen elsewhere); a group
-    whose chosen value has no held-out run yet (a study in progress) has ``held_out_runs`` 0 and no used run."""
+    whose chosen value has no held-out run yet (a study in progress) has ``held_out_runs`` 0 and no used run.
+    A value at which a selection run diverged (``summary.diverged_at_update``: a non-finite loss) is not chosen
+    while another value has no diverged run: a diverged run's later returns are what a broken policy earned, which
+    can score above a value that trains (a step size that diverges is not a tuned one). The table then counts the
+    diverged runs per value, and ``how`` says what was passed over."""
     if key not in df:
         raise AnalysisError(f"--select {key}: no such column; config columns look like cfg.learner.lr")
     by = [b for b in by if b != key]
@@ -421,11 +426,13 @@ def select(df: pd.DataFrame, key: str, on_seeds: Sequence[int], by: Sequence[str
     rows = []
     keep = pd.Series(False, index=df.index)
     for gk, g in groups_of(df[used], by):
-        cand, n_runs = {}, {}
+        cand, n_runs, n_div = {}, {}, {}
         for v, gv in g[sel_seed[g.index]].groupby(key, dropna=False, sort=True):
             cand[str(v)] = stats.iqm(gv[col].to_numpy(float))
             n_runs[str(v)] = int(np.isfinite(gv[col].to_numpy(float)).sum())
+            n_div[str(v)] = int(gv[DIVERGED].notna().sum()) if DIVERGED in gv else 0
         finite = {v: s for v, s in cand.items() if np.isfinite(s)}
+        trained = {v: s for v, s in finite.items() if not n_div[v]}
         held_values = g.loc[~sel_seed[g.index], key].astype(str).unique()
         if not finite and not cand and len(held_values) == 1:
             # a group run at one value chosen elsewhere (e.g. the reference arm of another study's selection):
@@ -435,14 +442,20 @@ def select(df: pd.DataFrame, key: str, on_seeds: Sequence[int], by: Sequence[str
             raise AnalysisError(f"group {label(by, gk)}: no run of the selection seeds {list(on_seeds)} to select "
                                 f"on" + (f", and its held-out runs have {len(held_values)} values of {key}"
                                          if len(held_values) > 1 else ""))
+        elif trained:
+            best, how = max(trained, key=lambda v: trained[v]), "selected"
+            passed = [v for v in finite if v not in trained and finite[v] > trained[best]]
+            if passed:
+                how += f" (passed over, diverged on a selection seed: {', '.join(passed)})"
         else:
-            best, how = max(finite, key=lambda v: finite[v]), "selected"
+            best, how = max(finite, key=lambda v: finite[v]), "selected (every value diverged on a selection seed)"
         held = g[(g[key].astype(str) == best) & ~sel_seed[g.index]]
         keep[held.index] = True
         rows.append({**{b: g[b].iloc[0] for b in by}, key: g.loc[g[key].astype(str) == best, key].iloc[0],
                      "how": how, "held_out_runs": len(held),
                      **{f"selection {col} IQM at {v}": s for v, s in cand.items()},
-                     **{f"selection runs at {v}": n for v, n in n_runs.items()}})
+                     **{f"selection runs at {v}": n for v, n in n_runs.items()},
+                     **({f"selection diverged at {v}": n for v, n in n_div.items()} if any(n_div.values()) else {})})
     df.loc[~keep, "selection"] = np.where(sel_seed[~keep], "selection", "not chosen")
     df["used"] = used & keep
     table = pd.DataFrame(rows)
@@ -455,7 +468,9 @@ def select(df: pd.DataFrame, key: str, on_seeds: Sequence[int], by: Sequence[str
             return (1, 0.0, v)
     per_value = [c for c in table.columns if c.startswith("selection ")]
     first = [c for c in table.columns if c not in per_value]
-    by_kind = sorted(per_value, key=lambda c: (c.startswith("selection runs"), value_order(c)))
+    kinds = ("selection runs", "selection diverged")  # (after the IQMs, in this order)
+    by_kind = sorted(per_value, key=lambda c: (next((i + 1 for i, k in enumerate(kinds) if c.startswith(k)), 0),
+                                               value_order(c)))
     return df, table[first + by_kind]
 
 

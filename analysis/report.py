@@ -185,6 +185,13 @@ def warnings_for(res: Result):
                      f"run was alive at its start; "
                      f"CPU busy {b.min():.0%}-{b.max():.0%}, other runs alive up to {int(a.max()) if a.notna().any() else '?'}): "
                      f"groups {_groups_named(res, loaded.reindex(res.runs.index, fill_value=False))}")
+    div = used.get(cmp.DIVERGED)
+    if div is not None and div.notna().any():
+        d = div.notna()
+        w.append(f"{int(d.sum())}/{len(used)} runs diverged (a non-finite loss, at update {int(div.min())}-"
+                 f"{int(div.max())}; summary.json's diverged_at_update): their returns after it are what a broken "
+                 f"policy earned, in the AUC and final return as they happened: groups "
+                 f"{_groups_named(res, d.reindex(res.runs.index, fill_value=False))}")
     if "auc_ratio" in s and (s["auc_iqm"] < 0).any():
         notes.append("some AUCs are negative (returns below 0, e.g. Pendulum): there an AUC ratio above 1 means a "
                      "worse AUC than the baseline's; ΔAUC keeps its sign (below 0 = worse)")

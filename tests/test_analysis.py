@@ -20,7 +20,7 @@ from analysis.measures import auc, first_reach  # noqa: E402
 # ---- run dirs written by hand (the files a run produces, as analysis/load.py reads them) -------------------
 def make_run(root: Path, name: str, *, algo="ppo", lag=0, seed=0, env="CartPole-v1", budget=1000, steps=None,
              returns=None, auc_value=None, final=None, status="completed", commit="a" * 40, dirty=False, sps=1000.0,
-             runner="sync", extra_cfg=None, provenance=None, kl=0.01) -> Path:
+             runner="sync", extra_cfg=None, provenance=None, kl=0.01, diverged_at=None) -> Path:
     """A run dir with .hydra/config.yaml, summary.json and metrics.parquet. ``auc_value`` makes a flat return
     curve at that value (its AUC under any definition)."""
     import yaml
@@ -45,7 +45,7 @@ def make_run(root: Path, name: str, *, algo="ppo", lag=0, seed=0, env="CartPole-
     fr = [r for r in np.asarray(returns, float) if np.isfinite(r)]
     summary = {"status": status, "sps": sps, "total_env_steps": budget, "env_steps": int(steps[-1]),
                "final_return_mean": float(final if final is not None else (fr[-1] if fr else float("nan"))),
-               "provenance": prov}
+               "provenance": prov, "diverged_at_update": diverged_at}
     (d / "summary.json").write_text(json.dumps(summary))
     n = len(steps)
     pd.DataFrame({"update": np.arange(1, n + 1), "env_steps": np.asarray(steps, float),
@@ -252,6 +252,39 @@ def test_a_hyperparameter_is_chosen_on_selection_seeds_and_reported_on_the_other
     sel = pd.read_csv(tmp_path / "r" / "selection.csv")
     assert sel["cfg.learner.lr"].tolist() == [0.002, 0.001] and sel["held_out_runs"].tolist() == [5, 5]
     assert "Selection (tuned on the selection seeds" in (tmp_path / "r" / "report.md").read_text()
+
+
+def test_a_step_size_that_diverged_on_a_selection_seed_is_passed_over_and_said(tmp_path):
+    # lr 2e-3 scores higher on the selection seeds (a diverged run's returns after its break can), but one of its
+    # selection runs diverged: 1e-3, which trained, is chosen, and the table and the report say why
+    for lr, sel, held in ((0.001, 100, 110), (0.002, 200, 50), (0.004, 90, 80)):
+        for s in range(6):
+            make_run(tmp_path / "runs", f"{lr}_{s}", seed=s, auc_value=sel if s < 3 else held,
+                     extra_cfg={"learner.lr": lr}, diverged_at=7 if (lr == 0.002 and s in (1, 4)) or lr == 0.004 else None)
+    p = _report(tmp_path / "runs", "--out", tmp_path / "r", "--select", "cfg.learner.lr", "--select-on", "seed=0-2")
+    assert p.returncode == 0, p.stderr
+    sel = pd.read_csv(tmp_path / "r" / "selection.csv")
+    assert sel["cfg.learner.lr"].tolist() == [0.001]
+    assert sel["how"].iloc[0] == "selected (passed over, diverged on a selection seed: 0.002)"
+    assert [sel[f"selection diverged at {v}"].iloc[0] for v in (0.001, 0.002, 0.004)] == [0, 1, 3]
+    assert pd.read_csv(tmp_path / "r" / "summary.csv")["auc_iqm"].tolist() == [110.0]
+    assert "runs diverged" not in p.stderr  # (the held-out runs at 1e-3 did not)
+    # every value diverged somewhere: the best is chosen, said so, and the held-out runs that diverged are warned of
+    for s in range(3, 6):
+        (tmp_path / "runs" / f"0.001_{s}").rename(tmp_path / f"gone_{s}")
+        make_run(tmp_path / "runs", f"0.001_{s}", seed=s, auc_value=110, extra_cfg={"learner.lr": 0.001},
+                 diverged_at=12)
+    for s in range(3):
+        (tmp_path / "runs" / f"0.001_{s}").rename(tmp_path / f"gone_sel_{s}")
+        make_run(tmp_path / "runs", f"0.001_{s}", seed=s, auc_value=100, extra_cfg={"learner.lr": 0.001},
+                 diverged_at=3)
+    p = _report(tmp_path / "runs", "--out", tmp_path / "r2", "--select", "cfg.learner.lr", "--select-on", "seed=0-2")
+    assert p.returncode == 0, p.stderr
+    sel = pd.read_csv(tmp_path / "r2" / "selection.csv")
+    assert sel["cfg.learner.lr"].tolist() == [0.002]
+    assert sel["how"].iloc[0] == "selected (every value diverged on a selection seed)"
+    assert "warning: 1/3 runs diverged" in p.stderr and "at update 7-7" in p.stderr
+    assert "runs diverged" in (tmp_path / "r2" / "report.md").read_text()
 
 
 def test_the_selection_phase_alone_says_what_it_chose_and_keeps_its_compact_data_to_continue_from(tmp_path):
