@@ -189,8 +189,9 @@ def warnings_for(res: Result):
     if div is not None and div.notna().any():
         d = div.notna()
         w.append(f"{int(d.sum())}/{len(used)} runs diverged (a non-finite loss, at update {int(div.min())}-"
-                 f"{int(div.max())}; summary.json's diverged_at_update): their returns after it are what a broken "
-                 f"policy earned, in the AUC and final return as they happened: groups "
+                 f"{int(div.max())}; summary.json's diverged_at_update): after it their policy acts NaN and their "
+                 f"returns are undefined, so their AUC carries the last finite return to the budget and their final "
+                 f"return is missing: groups "
                  f"{_groups_named(res, d.reindex(res.runs.index, fill_value=False))}")
     if "auc_ratio" in s and (s["auc_iqm"] < 0).any():
         notes.append("some AUCs are negative (returns below 0, e.g. Pendulum): there an AUC ratio above 1 means a "
