@@ -413,7 +413,7 @@ def select(df: pd.DataFrame, key: str, on_seeds: Sequence[int], by: Sequence[str
     A group whose runs are all held-out at one value is kept as "fixed" (its value chosen elsewhere); a group
     whose chosen value has no held-out run yet (a study in progress) has ``held_out_runs`` 0 and no used run.
     A value at which a selection run diverged (``summary.diverged_at_update``: a non-finite loss) is not chosen
-    while another value has no diverged run: after the break its actions are NaN, its fragments are refused and its
+    while another value has no diverged run (if every value has one, the value with the fewest is, then the best): after the break its actions are NaN, its fragments are refused and its
     returns undefined, and the AUC carries its last finite return to the budget, so it can score above a value
     that trains (a step size that diverges is not a tuned one). The table then counts the diverged runs per value,
     and ``how`` says what was passed over."""
@@ -448,8 +448,10 @@ def select(df: pd.DataFrame, key: str, on_seeds: Sequence[int], by: Sequence[str
             passed = [v for v in finite if v not in trained and finite[v] > trained[best]]
             if passed:
                 how += f" (passed over, diverged on a selection seed: {', '.join(passed)})"
-        else:
-            best, how = max(finite, key=lambda v: finite[v]), "selected (every value diverged on a selection seed)"
+        else:  # the fewest diverged runs first: a diverged run's AUC is inflated (see above), so the best IQM among
+            # them would bring back what passing over removes
+            best = min(finite, key=lambda v: (n_div[v], -finite[v]))
+            how = f"selected (every value diverged on a selection seed; the fewest here: {n_div[best]})"
         held = g[(g[key].astype(str) == best) & ~sel_seed[g.index]]
         keep[held.index] = True
         rows.append({**{b: g[b].iloc[0] for b in by}, key: g.loc[g[key].astype(str) == best, key].iloc[0],

@@ -245,6 +245,8 @@ def _num(v, signed: bool = False) -> str:
     v = float(v)
     sign = "+" if signed and v > 0 else ""
     a = abs(v)
+    if a >= 1e9:  # (a diverged update's KL: 4.67e+17, not "4.67e+11M")
+        return f"{sign}{v:.3g}"
     if a >= 1e6:
         return f"{sign}{v / 1e6:.3g}M"
     if a >= 1e4:
