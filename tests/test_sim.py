@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from laglab.sim import Costs, Latency, SimError, compose, main, simulate
+from laglab.sim import Costs, Latency, SimError, compose, main, simulate, steady_rate
 
 ROOT = Path(__file__).resolve().parents[1]
 FREE = dict(update_s=1e-6, fragment_s=0.0, infer_s=0.0, step_cpu_s=0.0, fetch_s=0.0, send_s=0.0, cores=64)
@@ -294,3 +294,13 @@ def test_a_preemption_before_the_preempted_actor_resumes_is_survived():
     costs = Costs(**{**FREE, "update_s": 0.01, "step_cpu_s": 50e-6, "cores": 1})
     out = simulate(cfg("actors=8", "runner=process"), costs, Latency("fixed", per_actor_ms=[1.0]))
     assert out["env_steps"] == 200000 // 128 * 128 and out["updates"] > 0
+
+
+def test_the_steady_rate_is_the_middle_half_of_the_updates_whatever_the_start_and_the_end():
+    # 8 updates: a slow start (the workers still starting: 100 steps/s), then 1000 steps/s, then a slow finish; the
+    # middle half (update 2 to update 6) sees only the steady 1000
+    t = [0.0, 1.0, 2.0, 2.1, 2.2, 2.3, 2.4, 5.0]
+    n = [0, 100, 200, 300, 400, 500, 600, 700]
+    assert steady_rate(t, n) == pytest.approx(1000.0)
+    assert steady_rate(t[:3], n[:3]) != steady_rate(t[:3], n[:3])  # (NaN: fewer than 4 updates)
+    assert (n[-1] - n[0]) / (t[-1] - t[0]) == pytest.approx(140.0)  # what first-to-last counted
