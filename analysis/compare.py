@@ -413,10 +413,11 @@ def select(df: pd.DataFrame, key: str, on_seeds: Sequence[int], by: Sequence[str
     A group whose runs are all held-out at one value is kept as "fixed" (its value chosen elsewhere); a group
     whose chosen value has no held-out run yet (a study in progress) has ``held_out_runs`` 0 and no used run.
     A value at which a selection run diverged (``summary.diverged_at_update``: a non-finite loss) is not chosen
-    while another value has no diverged run (if every value has one, the value with the fewest is, then the best): after the break its actions are NaN, its fragments are refused and its
-    returns undefined, and the AUC carries its last finite return to the budget, so it can score above a value
-    that trains (a step size that diverges is not a tuned one). The table then counts the diverged runs per value,
-    and ``how`` says what was passed over."""
+    while another value has no diverged run (if every value has one: the fewest diverged runs, then the best IQM).
+    After the break a run's actions are NaN, its fragments are refused and its returns undefined, and the AUC
+    carries its last finite return to the budget, so it can score above a value that trains (a step size that
+    diverges is not a tuned one). The table then counts the diverged runs per value, and ``how`` says what was
+    passed over."""
     if key not in df:
         raise AnalysisError(f"--select {key}: no such column; config columns look like cfg.learner.lr")
     by = [b for b in by if b != key]

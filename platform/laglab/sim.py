@@ -281,7 +281,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
         frag_bytes = T * (4 * 4 + 8 + 4 * 5 + 2) + 9 * 8
     q = _Queue(env, cfg.transport.capacity, cfg.transport.max_bytes, Overflow(cfg.transport.policy), frag_bytes)
     st = {"version": 0, "reserved": 0, "produced": 0, "updates": 0, "learner_busy": 0.0, "kept": 0, "dropped_lag": 0,
-          "trained": 0, "first_update": None, "done_actors": 0, "end": 0.0, "fetches": 0, "throttle_s": 0.0, "paused": 0,
+          "trained": 0, "done_actors": 0, "end": 0.0, "fetches": 0, "throttle_s": 0.0, "paused": 0,
           "blocked_s": 0.0, "in_slots": 0}
     history: Deque[int] = collections.deque([0], maxlen=(cfg.actor.fixed_lag or 0) + 1)
     published = [0]  # the version actors are given
@@ -473,8 +473,6 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             staged = []
             st["version"] += 1
             st["updates"] += 1
-            if st["first_update"] is None:
-                st["first_update"] = env.now
             st["end"] = env.now
             if st["updates"] % cfg.learner.broadcast_every == 0:
                 history.append(st["version"])
