@@ -263,8 +263,8 @@ def recurrent_torch_grads(model, data, burn_in, lc, kind):
 @pytest.mark.parametrize("discrete,masked", [(False, False), (True, True)])
 @pytest.mark.parametrize("burn_in", [0, 4])
 def test_recurrent_gradients_match_autograd_through_the_unroll(core, kind, discrete, masked, burn_in):
-    """The recurrent step (numpy encoder and heads, torch's fused kernel for the core — an LSTM's sequences as lanes
-    with reset steps) against autograd through RecurrentActorCritic.outputs (itself checked against a step-by-step
+    """The recurrent step (numpy encoder and heads; a GRU core in numpy, an LSTM's in torch's fused kernel with its
+    sequences as lanes with reset steps) against autograd through RecurrentActorCritic.outputs (itself checked against a step-by-step
     reference in test_recurrent_policy): every parameter's gradient, with episode ends, burn-in cuts and masks."""
     model = make_recurrent(core, discrete, masked)
     lc = loss_cfg(kind=kind, ent_coef=0.01)

@@ -1,6 +1,7 @@
 """The learner's minibatch step in numpy: forward, loss, hand-derived gradients, global-norm clipping and Adam, on
-flat copies of the model's parameters and the optimizer's state. A recurrent policy's core runs forwards and
-backwards in torch's kernel (see :meth:`NumpyStep.recurrent_gradient`); the rest of its step is numpy's.
+flat copies of the model's parameters and the optimizer's state. A recurrent policy's GRU core runs forwards and
+backwards in numpy too (:func:`gru_forward`, :func:`gru_backward`), an LSTM's in torch's fused kernel (see
+:meth:`NumpyStep.recurrent_gradient`).
 
 Why: at the presets' sizes (a 64 x 64 MLP, minibatches of 64-256 rows) the torch step is dispatch and autograd
 bookkeeping, not arithmetic — ~140 ops of a few microseconds each and an autograd graph per minibatch. The same
@@ -25,7 +26,6 @@ Gradients, per minibatch of n rows (L = policy loss - ent_coef * mean(entropy) +
 """
 from __future__ import annotations
 
-import copy
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -143,6 +143,93 @@ def lanes(dones: np.ndarray, start: np.ndarray):
     return live, lane, (lane[rt, rc] + 1, rc), L
 
 
+def gru_forward(x: np.ndarray, h0: np.ndarray, keep: np.ndarray, w_ih: np.ndarray, w_hh: np.ndarray,
+                b_ih: np.ndarray, b_hh: np.ndarray):
+    """A GRU (torch's ``nn.GRU`` equations and weight layout: gates r, z, n) over ``T`` steps of ``n`` sequences in
+    numpy. ``x`` [T, n, E], ``h0`` [n, H] the states before the first step, ``keep`` [T, n] float: 0 where an
+    episode ends at the step (the next step starts from the zero state). Returns (h [T, n, H] each step's output,
+    before any reset; the tape :func:`gru_backward` needs). Every step's input projection is one product before the
+    loop, so a step is one [n, H] x [H, 3H] product and nine elementwise calls (torch's CPU GRU runs step by step
+    through its dispatcher and autograd: ~2x slower at the presets' sizes, ``benchmarks/recurrent_kernels.py``)."""
+    from scipy.special import expit
+
+    T, n, E = x.shape
+    H = w_hh.shape[1]
+    x2 = x.reshape(T * n, E)
+    gi = x2 @ w_ih.T
+    gi += b_ih
+    gi[:, :2 * H] += b_hh[:2 * H]  # (r and z add both biases; n's hidden bias sits inside r * (...))
+    gi = gi.reshape(T, n, 3 * H)
+    b_hn = b_hh[2 * H:]
+    w_t = np.ascontiguousarray(w_hh.T)  # [H, 3H]
+    act = np.empty((T, n, 3 * H), np.float32)  # r, z, n after their activations
+    ghn = np.empty((T, n, H), np.float32)  # W_hn h + b_hn
+    out = np.empty((T, n, H), np.float32)
+    resets = (keep == 0).any(axis=1)
+    keep3 = keep.reshape(T, n, 1).astype(np.float32)
+    h = h0.astype(np.float32, copy=False)
+    for t in range(T):
+        gh = h @ w_t
+        a = act[t]
+        rz = a[:, :2 * H]
+        np.add(gi[t, :, :2 * H], gh[:, :2 * H], out=rz)
+        expit(rz, out=rz)
+        g = ghn[t]
+        np.add(gh[:, 2 * H:], b_hn, out=g)
+        nv = a[:, 2 * H:]
+        np.multiply(a[:, :H], g, out=nv)
+        nv += gi[t, :, 2 * H:]
+        np.tanh(nv, out=nv)
+        o = out[t]
+        np.subtract(h, nv, out=o)  # h' = (1 - z) n + z h = n + z (h - n)
+        o *= a[:, H:2 * H]
+        o += nv
+        h = o * keep3[t] if resets[t] else o
+    hp = np.empty((T, n, H), np.float32)  # the state each step started from (after a reset)
+    hp[0] = h0
+    np.multiply(out[:-1], keep3[:-1], out=hp[1:])
+    return out, (x2, hp, act, ghn, keep3, resets, w_ih, w_hh)
+
+
+def gru_backward(tape, dout: np.ndarray, cut: Optional[np.ndarray] = None, cut_at: int = 0):
+    """Gradients of :func:`gru_forward` given dL/dh ``dout`` [T, n, H]: (dL/dx [T * n, E], dW_ih, dW_hh, db_ih,
+    db_hh). ``cut`` [n] bool: no gradient reaches the steps before ``cut_at`` of these sequences through their state
+    (burn-in: the state at ``cut_at`` is taken as a constant). Per step, with a_r, a_z, a_n the gates'
+    pre-activations and g_n = W_hn h + b_hn, given d = dL/dh': da_n = d (1 - z) (1 - n^2), da_z = d (h - n) z (1 - z),
+    da_r = da_n g_n r (1 - r); the input path gets (da_r, da_z, da_n), the hidden path (da_r, da_z, da_n r), and the
+    state the step started from d z + (hidden path) W_hh, zero where it was reset. The factors that do not depend on
+    d are computed for every step at once, before the loop."""
+    x2, hp, act, ghn, keep3, resets, w_ih, w_hh = tape
+    T, n, H = hp.shape
+    r, z, nv = act[..., :H], act[..., H:2 * H], act[..., 2 * H:]
+    f_n = (1.0 - z) * (1.0 - nv * nv)
+    f_z = (hp - nv) * z * (1.0 - z)
+    f_r = ghn * r * (1.0 - r)
+    dgh = np.empty((T, n, 3 * H), np.float32)  # the hidden path's pre-activation gradients
+    da_n = np.empty((T, n, H), np.float32)
+    carry = np.zeros((n, H), np.float32)
+    d = np.empty((n, H), np.float32)
+    for t in range(T - 1, -1, -1):
+        np.add(dout[t], carry, out=d)
+        g = dgh[t]
+        an = da_n[t]
+        np.multiply(d, f_n[t], out=an)
+        np.multiply(d, f_z[t], out=g[:, H:2 * H])
+        np.multiply(an, f_r[t], out=g[:, :H])
+        np.multiply(an, r[t], out=g[:, 2 * H:])
+        carry = g @ w_hh
+        d *= z[t]
+        carry += d
+        if t and resets[t - 1]:
+            carry *= keep3[t - 1]
+        if t == cut_at and cut is not None:
+            carry[cut] = 0.0
+    dgi = dgh.copy()
+    dgi[..., 2 * H:] = da_n
+    DGI, DGH = dgi.reshape(T * n, 3 * H), dgh.reshape(T * n, 3 * H)
+    return DGI @ w_ih, DGI.T @ x2, DGH.T @ hp.reshape(T * n, H), DGI.sum(axis=0), DGH.sum(axis=0)
+
+
 def supported(model: torch.nn.Module, device: torch.device, activation: str, ewma: bool = False) -> Optional[str]:
     """None when :class:`NumpyStep` can run this model's updates (``ewma``: with the decoupled loss's EWMA proximal
     policy), else why not."""
@@ -182,15 +269,16 @@ class NumpyStep:
             return Layers([(flat.views[pos[id(m.weight)]], flat.views[pos[id(m.bias)]]) for m in lins], activation,
                           last_act)
 
-        if hasattr(model, "core"):  # recurrent: encoder -> core (torch's kernel) -> one linear layer per head
+        if hasattr(model, "core"):  # recurrent: encoder -> core (GRU: numpy; LSTM: torch's kernel) -> linear heads
             if prox_model is not None:
                 raise ValueError("NumpyStep: a recurrent policy with an EWMA proximal policy (see supported)")
             self.enc, self.g_enc = layers(self.P, model.enc, True), layers(self.G, model.enc, True).pairs
             pi, v = [model.pi_head], [model.v_head]
             self.kind, self.hidden, self.state_shape = model.kind, model.hidden, tuple(model.state_shape)
-            # a private copy of the core whose weights are views of the flat buffer: the kernel reads the weights
-            # each step leaves there, and its gradients are copied into G. An LSTM's copy has one more input, the
-            # reset (see lanes): its own input weights, refreshed from the flat buffer at each step
+            # an LSTM: a private torch LSTM whose weights are views of the flat buffer (the kernel reads the
+            # weights each step leaves there; its gradients are copied into G), with one more input, the reset (see
+            # lanes): its own input weights, refreshed from the flat buffer at each step. A GRU reads the flat
+            # buffer directly (gru_forward)
             self.core_at = [pos[id(w)] for w in model.core.parameters()]
             if self.kind == "lstm":
                 E = model.core.input_size
@@ -198,12 +286,9 @@ class NumpyStep:
                     self.core = torch.nn.LSTM(E + 1, self.hidden)
                 self.w_ih = np.zeros((4 * self.hidden, E + 1), np.float32)
                 self.w_ih[:2 * self.hidden, E] = RESET_WEIGHT
-            else:
-                self.core = copy.deepcopy(model.core)
-            with torch.no_grad():
-                for (name, w), i in zip(self.core.named_parameters(), self.core_at):
-                    w.data = torch.from_numpy(self.w_ih if name == "weight_ih_l0" and self.kind == "lstm"
-                                              else self.P.views[i])
+                with torch.no_grad():
+                    for (name, w), i in zip(self.core.named_parameters(), self.core_at):
+                        w.data = torch.from_numpy(self.w_ih if name == "weight_ih_l0" else self.P.views[i])
         else:
             pi, v = model.pi, model.v
         self.pi, self.v = layers(self.P, pi), layers(self.P, v)
@@ -394,14 +479,18 @@ class NumpyStep:
         states before their first steps, ``dones`` [T, n], ``keep`` [T, n] the steps the loss counts, ``cut`` [n]
         the sequences whose state at step ``cut_at`` is taken without a gradient (burn-in). The rows of the
         per-step arrays (``actions`` ... ``start``) are the kept steps in time-major order. The encoder and the
-        heads are numpy's (hand-derived gradients); the core runs forwards and backwards in torch's kernel (an
-        LSTM's is fused, a GRU's runs step by step), one call per minibatch, on the weights in ``self.P``."""
+        heads are numpy's (hand-derived gradients), and so is a GRU core (:meth:`_gru`); an LSTM core runs forwards
+        and backwards in torch's fused kernel, one call per minibatch (two with burn-in), on the weights in
+        ``self.P``."""
         from .policy import pieces
 
         T, n = dones.shape
         he, e = self.enc.forward(obs.reshape(T * n, -1))
         E = e.shape[1]
         lstm = self.kind == "lstm"
+        if not lstm:
+            return self._gru(he, e, init, dones, keep, cut if cut is not None and 0 < cut_at < T else None, cut_at,
+                             actions, mask, adv, ret, old, start, loss, kind)
         if lstm:
             self.w_ih[:, :E] = self.P.views[self.core_at[0]]
         first_step = np.zeros(n, dtype=np.int64)
@@ -499,6 +588,25 @@ class NumpyStep:
         self.pi.backward(hp, dout, self.g_pi)
         self.v.backward(hv, dv, self.g_v)
         return dout @ self.pi.pairs[0][0] + dv @ self.v.pairs[0][0], figures
+
+    def _gru(self, he, e, init, dones, keep, cut, cut_at, actions, mask, adv, ret, old, start, loss, kind):
+        """:meth:`recurrent_gradient`'s core for a GRU, in numpy (:func:`gru_forward`, :func:`gru_backward`): each
+        sequence runs whole from its initial state, its state zeroed after each episode end; a burnt-in sequence
+        (``cut``) runs its first ``cut_at`` steps too — they have no episode end and no loss, and no gradient crosses
+        into them."""
+        T, n = dones.shape
+        E = e.shape[1]
+        w_ih, w_hh, b_ih, b_hh = (self.P.views[i] for i in self.core_at)
+        h, tape = gru_forward(e.reshape(T, n, E), init, (~dones).astype(np.float32), w_ih, w_hh, b_ih, b_hh)
+        rows = np.flatnonzero(keep.reshape(-1))
+        dh = np.zeros((T * n, self.hidden), np.float32)
+        dh[rows], figures = self._heads_backward(h.reshape(T * n, -1)[rows], actions, mask, adv, ret, old, start,
+                                                 loss, kind)
+        de, *grads = gru_backward(tape, dh.reshape(T, n, -1), cut, cut_at)
+        for i, g in zip(self.core_at, grads):
+            self.G.views[i][...] = g
+        self.enc.backward(he, de, self.g_enc, out=e)
+        return figures
 
     def _lstm_lanes(self, he, e, init, dones, keep, first_step, actions, mask, adv, ret, old, start, loss, kind):
         """:meth:`recurrent_gradient`'s core for an LSTM: each sequence is one lane of a single dense call of the
