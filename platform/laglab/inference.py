@@ -94,8 +94,11 @@ class InferencePolicy:
             self.enc = self._layers(snap.weights, "enc.")
             self.cell = Cell(self.recurrent, {k: snap.weights[f"core.{k}_l0"]  # (torch.nn.GRU / LSTM, one layer)
                                               for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")})
-            self.pi_head = (np.ascontiguousarray(snap.weights["pi_head.weight"].T), snap.weights["pi_head.bias"])
-            self.v_head = (np.ascontiguousarray(snap.weights["v_head.weight"].T), snap.weights["v_head.bias"])
+            # both linear heads as one product: the policy head's columns, then the value's
+            self.n_out = snap.weights["pi_head.weight"].shape[0]
+            self.heads = (np.ascontiguousarray(np.concatenate([snap.weights["pi_head.weight"],
+                                                               snap.weights["v_head.weight"]]).T, dtype=np.float32),
+                          np.concatenate([snap.weights["pi_head.bias"], snap.weights["v_head.bias"]]).astype(np.float32))
         self.log_std = None
         if not spec.discrete:
             self.log_std = np.clip(snap.weights["log_std"], LOG_STD_MIN, LOG_STD_MAX).astype(np.float32)
@@ -147,8 +150,9 @@ class InferencePolicy:
             x = self.act_fn(x @ w + b)
         nxt = self.cell.step(x, state)
         h = Cell.output(self.recurrent, nxt)
-        (wp, bp), (wv, bv) = self.pi_head, self.v_head
-        return h @ wp + bp, (h @ wv + bv)[:, 0], nxt
+        w, b = self.heads
+        out = h @ w + b
+        return out[:, :self.n_out], out[:, self.n_out], nxt
 
     def value(self, obs: np.ndarray, state: Optional[np.ndarray] = None) -> np.ndarray:
         return self._heads(obs, state)[1]

@@ -149,84 +149,89 @@ def gru_forward(x: np.ndarray, h0: np.ndarray, keep: np.ndarray, w_ih: np.ndarra
     numpy. ``x`` [T, n, E], ``h0`` [n, H] the states before the first step, ``keep`` [T, n] float: 0 where an
     episode ends at the step (the next step starts from the zero state). Returns (h [T, n, H] each step's output,
     before any reset; the tape :func:`gru_backward` needs). Every step's input projection is one product before the
-    loop, so a step is one [n, H] x [H, 3H] product and nine elementwise calls (torch's CPU GRU runs step by step
-    through its dispatcher and autograd: ~2x slower at the presets' sizes, ``benchmarks/recurrent_kernels.py``)."""
-    from scipy.special import expit
-
+    loop, so a step is two small products and ten elementwise calls, each on a contiguous block (a strided one
+    costs numpy ~2.5x; torch's CPU GRU runs step by step through its dispatcher and autograd: ~3x slower at the
+    presets' sizes, ``benchmarks/recurrent_kernels.py``). sigmoid(a) = 0.5 + 0.5 tanh(a / 2): r's and z's weights
+    and biases are halved first (exactly: a power of two)."""
     T, n, E = x.shape
     H = w_hh.shape[1]
     x2 = x.reshape(T * n, E)
-    gi = x2 @ w_ih.T
-    gi += b_ih
-    gi[:, :2 * H] += b_hh[:2 * H]  # (r and z add both biases; n's hidden bias sits inside r * (...))
-    gi = gi.reshape(T, n, 3 * H)
-    b_hn = b_hh[2 * H:]
-    w_t = np.ascontiguousarray(w_hh.T)  # [H, 3H]
-    act = np.empty((T, n, 3 * H), np.float32)  # r, z, n after their activations
-    ghn = np.empty((T, n, H), np.float32)  # W_hn h + b_hn
+    gi_rz = (x2 @ (w_ih[:2 * H] * np.float32(0.5)).T).reshape(T, n, 2 * H)
+    gi_rz += np.float32(0.5) * (b_ih[:2 * H] + b_hh[:2 * H])  # (r and z add both biases)
+    gi_n = (x2 @ w_ih[2 * H:].T).reshape(T, n, H)
+    gi_n += b_ih[2 * H:]
+    w_rz = w_hh[:2 * H].T * np.float32(0.5)  # [H, 2H], contiguous
+    w_n = np.ascontiguousarray(w_hh[2 * H:].T)  # [H, H]
+    b_hn = b_hh[2 * H:]  # (n's hidden bias sits inside r * (...))
+    RZ = np.empty((T, n, 2 * H), np.float32)  # r, z
+    N = np.empty((T, n, H), np.float32)  # n
+    G = np.empty((T, n, H), np.float32)  # W_hn h + b_hn
     out = np.empty((T, n, H), np.float32)
     resets = (keep == 0).any(axis=1)
     keep3 = keep.reshape(T, n, 1).astype(np.float32)
     h = h0.astype(np.float32, copy=False)
     for t in range(T):
-        gh = h @ w_t
-        a = act[t]
-        rz = a[:, :2 * H]
-        np.add(gi[t, :, :2 * H], gh[:, :2 * H], out=rz)
-        expit(rz, out=rz)
-        g = ghn[t]
-        np.add(gh[:, 2 * H:], b_hn, out=g)
-        nv = a[:, 2 * H:]
-        np.multiply(a[:, :H], g, out=nv)
-        nv += gi[t, :, 2 * H:]
+        rz = RZ[t]
+        np.matmul(h, w_rz, out=rz)
+        rz += gi_rz[t]
+        np.tanh(rz, out=rz)
+        rz *= 0.5
+        rz += 0.5
+        g = G[t]
+        np.matmul(h, w_n, out=g)
+        g += b_hn
+        nv = N[t]
+        np.multiply(rz[:, :H], g, out=nv)
+        nv += gi_n[t]
         np.tanh(nv, out=nv)
         o = out[t]
         np.subtract(h, nv, out=o)  # h' = (1 - z) n + z h = n + z (h - n)
-        o *= a[:, H:2 * H]
+        o *= rz[:, H:]
         o += nv
         h = o * keep3[t] if resets[t] else o
     hp = np.empty((T, n, H), np.float32)  # the state each step started from (after a reset)
     hp[0] = h0
     np.multiply(out[:-1], keep3[:-1], out=hp[1:])
-    return out, (x2, hp, act, ghn, keep3, resets, w_ih, w_hh)
+    return out, (x2, hp, RZ, N, G, keep3, resets, w_ih, w_hh)
 
 
 def gru_backward(tape, dout: np.ndarray, cut: Optional[np.ndarray] = None, cut_at: int = 0):
     """Gradients of :func:`gru_forward` given dL/dh ``dout`` [T, n, H]: (dL/dx [T * n, E], dW_ih, dW_hh, db_ih,
     db_hh). ``cut`` [n] bool: no gradient reaches the steps before ``cut_at`` of these sequences through their state
-    (burn-in: the state at ``cut_at`` is taken as a constant). Per step, with a_r, a_z, a_n the gates'
-    pre-activations and g_n = W_hn h + b_hn, given d = dL/dh': da_n = d (1 - z) (1 - n^2), da_z = d (h - n) z (1 - z),
-    da_r = da_n g_n r (1 - r); the input path gets (da_r, da_z, da_n), the hidden path (da_r, da_z, da_n r), and the
-    state the step started from d z + (hidden path) W_hh, zero where it was reset. The factors that do not depend on
-    d are computed for every step at once, before the loop."""
-    x2, hp, act, ghn, keep3, resets, w_ih, w_hh = tape
+    (burn-in: the state at ``cut_at`` is taken as a constant). With a_r, a_z, a_n the gates' pre-activations and
+    g = W_hn h + b_hn, given d = dL/dh' at a step: da_n = d f_n, f_n = (1 - z) (1 - n^2); da_z = d (h - n) z (1 - z);
+    da_r = d f_n g r (1 - r); the input path gets (da_r, da_z, da_n), the hidden path (da_r, da_z, d f_n r), and
+    the state the step started from d z + (hidden path) W_hh, zero where it was reset. Every factor of d is
+    computed for all steps before the loop, so a step is one broadcast product, one matrix product and three
+    elementwise calls."""
+    x2, hp, RZ, N, G, keep3, resets, w_ih, w_hh = tape
     T, n, H = hp.shape
-    r, z, nv = act[..., :H], act[..., H:2 * H], act[..., 2 * H:]
-    f_n = (1.0 - z) * (1.0 - nv * nv)
-    f_z = (hp - nv) * z * (1.0 - z)
-    f_r = ghn * r * (1.0 - r)
-    dgh = np.empty((T, n, 3 * H), np.float32)  # the hidden path's pre-activation gradients
-    da_n = np.empty((T, n, H), np.float32)
+    r = RZ[..., :H]
+    z = np.ascontiguousarray(RZ[..., H:])
+    f_n = (1.0 - z) * (1.0 - N * N)
+    F = np.empty((T, n, 3, H), np.float32)  # dL/d(hidden path) = d x F, per gate
+    np.multiply(f_n, G * r * (1.0 - r), out=F[:, :, 0])
+    np.multiply(hp - N, z * (1.0 - z), out=F[:, :, 1])
+    np.multiply(f_n, r, out=F[:, :, 2])
+    dgh = np.empty((T, n, 3, H), np.float32)
+    D = np.empty((T, n, H), np.float32)  # d at each step
     carry = np.zeros((n, H), np.float32)
-    d = np.empty((n, H), np.float32)
+    tmp = np.empty((n, H), np.float32)
     for t in range(T - 1, -1, -1):
+        d = D[t]
         np.add(dout[t], carry, out=d)
         g = dgh[t]
-        an = da_n[t]
-        np.multiply(d, f_n[t], out=an)
-        np.multiply(d, f_z[t], out=g[:, H:2 * H])
-        np.multiply(an, f_r[t], out=g[:, :H])
-        np.multiply(an, r[t], out=g[:, 2 * H:])
-        carry = g @ w_hh
-        d *= z[t]
-        carry += d
+        np.multiply(F[t], d[:, None, :], out=g)
+        carry = g.reshape(n, 3 * H) @ w_hh
+        np.multiply(d, z[t], out=tmp)
+        carry += tmp
         if t and resets[t - 1]:
             carry *= keep3[t - 1]
         if t == cut_at and cut is not None:
             carry[cut] = 0.0
-    dgi = dgh.copy()
-    dgi[..., 2 * H:] = da_n
-    DGI, DGH = dgi.reshape(T * n, 3 * H), dgh.reshape(T * n, 3 * H)
+    DGH = dgh.reshape(T * n, 3 * H)
+    DGI = DGH.copy()
+    np.multiply(D, f_n, out=DGI.reshape(T, n, 3, H)[:, :, 2])  # (the input path's n gate: da_n, without r)
     return DGI @ w_ih, DGI.T @ x2, DGH.T @ hp.reshape(T * n, H), DGI.sum(axis=0), DGH.sum(axis=0)
 
 

@@ -60,18 +60,36 @@ class Cell:
         if self.w_hh.shape[1] != gates * self.hidden or self.w_ih.shape[1] != gates * self.hidden:
             raise ValueError(f"{kind} weights of shapes {self.w_ih.shape[::-1]}, {self.w_hh.shape[::-1]}: "
                              f"not {gates} gates of {self.hidden}")
+        if kind == "gru":  # r's and z's columns halved (exactly: a power of two), their biases summed: see step
+            H = self.hidden
+            half = np.ones(3 * H, np.float32)
+            half[:2 * H] = 0.5
+            self.g_ih = self.w_ih * half
+            self.g_hh = self.w_hh * half
+            self.g_b = np.concatenate([0.5 * (self.b_ih[:2 * H] + self.b_hh[:2 * H]), self.b_ih[2 * H:]])
+            self.g_bhn = self.b_hh[2 * H:]
 
     def step(self, x: np.ndarray, state: np.ndarray) -> np.ndarray:
         """The next state ([B, H] GRU, [B, 2, H] LSTM) from inputs ``x`` [B, in] and ``state``."""
         H = self.hidden
-        gi = x @ self.w_ih + self.b_ih
-        if self.kind == "gru":
+        if self.kind == "gru":  # (sigmoid(a) = 0.5 + 0.5 tanh(a / 2), on the halved pre-activations of r and z)
             h = state
-            gh = h @ self.w_hh + self.b_hh
-            r = _sigmoid(gi[:, :H] + gh[:, :H])
-            z = _sigmoid(gi[:, H:2 * H] + gh[:, H:2 * H])
-            n = np.tanh(gi[:, 2 * H:] + r * gh[:, 2 * H:])
-            return ((1.0 - z) * n + z * h).astype(np.float32)
+            gi = x @ self.g_ih
+            gi += self.g_b
+            gh = h @ self.g_hh
+            rz = gi[:, :2 * H] + gh[:, :2 * H]
+            np.tanh(rz, out=rz)
+            rz *= 0.5
+            rz += 0.5
+            n = gh[:, 2 * H:] + self.g_bhn
+            n *= rz[:, :H]
+            n += gi[:, 2 * H:]
+            np.tanh(n, out=n)
+            out = h - n  # (1 - z) n + z h = n + z (h - n)
+            out *= rz[:, H:]
+            out += n
+            return out.astype(np.float32, copy=False)
+        gi = x @ self.w_ih + self.b_ih
         h, c = np.ascontiguousarray(state[:, 0]), state[:, 1]
         g = gi + h @ self.w_hh + self.b_hh
         sg = _sigmoid(g)  # (i, f and o; g's block is tanh'd below)
