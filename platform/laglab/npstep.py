@@ -487,51 +487,24 @@ class NumpyStep:
         heads are numpy's (hand-derived gradients), and so is a GRU core (:meth:`_gru`); an LSTM core runs forwards
         and backwards in torch's fused kernel, one call per minibatch (two with burn-in), on the weights in
         ``self.P``."""
-        from .policy import pieces
-
         T, n = dones.shape
         he, e = self.enc.forward(obs.reshape(T * n, -1))
         E = e.shape[1]
-        lstm = self.kind == "lstm"
-        if not lstm:
+        if self.kind == "gru":
             return self._gru(he, e, init, dones, keep, cut if cut is not None and 0 < cut_at < T else None, cut_at,
                              actions, mask, adv, ret, old, start, loss, kind)
-        if lstm:
-            self.w_ih[:, :E] = self.P.views[self.core_at[0]]
+        self.w_ih[:, :E] = self.P.views[self.core_at[0]]
         first_step = np.zeros(n, dtype=np.int64)
-        if cut is not None and 0 < cut_at < T and cut.any():
+        if cut is not None and 0 < cut_at < T and cut.any():  # burn-in: the LSTM's state at cut_at, no gradient
             c = np.flatnonzero(cut)
             x = e.reshape(T, n, E)[:cut_at, c]
-            if lstm:  # (its reset input: 0)
-                x = np.concatenate([x, np.zeros(x.shape[:2] + (1,), np.float32)], axis=2)
+            x = np.concatenate([x, np.zeros(x.shape[:2] + (1,), np.float32)], axis=2)  # (its reset input: 0)
             with torch.no_grad():
                 _, hx = self.core(torch.from_numpy(np.ascontiguousarray(x)), self._hx(init[c]))
             init = init.copy()
             init[c] = self._state(hx)
             first_step[c] = cut_at
-        if lstm:
-            return self._lstm_lanes(he, e, init, dones, keep, first_step, actions, mask, adv, ret, old, start, loss,
-                                    kind)
-        cols, first, pos, valid = pieces(dones, first_step)
-        L, S = pos.shape
-        e_pad = np.concatenate([e, np.zeros((1, E), np.float32)])
-        xs = torch.from_numpy(e_pad[pos.reshape(-1)].reshape(L, S, E)).requires_grad_()
-        h0 = init[cols] * first.astype(np.float32).reshape((S,) + (1,) * len(self.state_shape))
-        for w in self.core.parameters():
-            w.grad = None
-        out, _ = self.core(xs, self._hx(h0))
-        h_all = np.zeros((T * n + 1, self.hidden), np.float32)
-        flat_pos = pos[valid]
-        h_all[flat_pos] = out.detach().numpy()[valid]
-        rows = np.flatnonzero(keep.reshape(-1))
-        dh_all = np.zeros((T * n + 1, self.hidden), np.float32)  # (row T * n: the padding's, zero)
-        dh_all[rows], figures = self._heads_backward(h_all[rows], actions, mask, adv, ret, old, start, loss, kind)
-        out.backward(torch.from_numpy(dh_all[pos]))
-        self._core_grads()
-        de = np.zeros((T * n + 1, E), np.float32)
-        de[flat_pos] = xs.grad.numpy()[valid]  # (each step is in one piece: no sums)
-        self.enc.backward(he, de[:T * n], self.g_enc, out=e)
-        return figures
+        return self._lstm_lanes(he, e, init, dones, keep, first_step, actions, mask, adv, ret, old, start, loss, kind)
 
     def recurrent_pass(self, obs: np.ndarray, state: np.ndarray, dones: np.ndarray, height: np.ndarray,
                        pred: np.ndarray, actions: np.ndarray, masks: Optional[np.ndarray], last_obs: np.ndarray,
