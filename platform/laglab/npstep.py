@@ -459,10 +459,10 @@ class NumpyStep:
         return self.model._state(hx).numpy()
 
     def _core_grads(self) -> None:
-        """The private core's gradients into ``self.G`` (an LSTM's input weights without the reset input's column)."""
+        """The private LSTM's gradients into ``self.G`` (its input weights without the reset input's column)."""
         for (name, w), i in zip(self.core.named_parameters(), self.core_at):
             g = w.grad.numpy()
-            self.G.views[i][...] = g[:, :-1] if name == "weight_ih_l0" and self.kind == "lstm" else g
+            self.G.views[i][...] = g[:, :-1] if name == "weight_ih_l0" else g
 
     def recurrent_step(self, obs: np.ndarray, init: np.ndarray, dones: np.ndarray, keep: np.ndarray,
                        cut: Optional[np.ndarray], cut_at: int, actions: np.ndarray, mask: Optional[np.ndarray],
