@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from .inference import HALF_LOG_2PI, LOG_STD_MAX, LOG_STD_MIN, NP_ACTIVATIONS
+from .recurrent import gru_blocks
 
 ACTIVATIONS = tuple(NP_ACTIVATIONS)
 
@@ -152,17 +153,15 @@ def gru_forward(x: np.ndarray, h0: np.ndarray, keep: np.ndarray, w_ih: np.ndarra
     loop, so a step is two small products and ten elementwise calls, each on a contiguous block (a strided one
     costs numpy ~2.5x; torch's CPU GRU runs step by step through its dispatcher and autograd: ~3x slower at the
     presets' sizes, ``benchmarks/recurrent_kernels.py``). sigmoid(a) = 0.5 + 0.5 tanh(a / 2): r's and z's weights
-    and biases are halved first (exactly: a power of two)."""
+    and biases are halved first (:func:`laglab.recurrent.gru_blocks`, as the actors' cell has them)."""
     T, n, E = x.shape
     H = w_hh.shape[1]
     x2 = x.reshape(T * n, E)
-    gi_rz = (x2 @ (w_ih[:2 * H] * np.float32(0.5)).T).reshape(T, n, 2 * H)
-    gi_rz += np.float32(0.5) * (b_ih[:2 * H] + b_hh[:2 * H])  # (r and z add both biases)
-    gi_n = (x2 @ w_ih[2 * H:].T).reshape(T, n, H)
-    gi_n += b_ih[2 * H:]
-    w_rz = w_hh[:2 * H].T * np.float32(0.5)  # [H, 2H], contiguous
-    w_n = np.ascontiguousarray(w_hh[2 * H:].T)  # [H, H]
-    b_hn = b_hh[2 * H:]  # (n's hidden bias sits inside r * (...))
+    wi_rz, wi_n, w_rz, w_n, b_rz, b_in, b_hn = gru_blocks(w_ih, w_hh, b_ih, b_hh)
+    gi_rz = (x2 @ wi_rz).reshape(T, n, 2 * H)
+    gi_rz += b_rz
+    gi_n = (x2 @ wi_n).reshape(T, n, H)
+    gi_n += b_in
     RZ = np.empty((T, n, 2 * H), np.float32)  # r, z
     N = np.empty((T, n, H), np.float32)  # n
     G = np.empty((T, n, H), np.float32)  # W_hn h + b_hn

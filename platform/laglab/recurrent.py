@@ -44,6 +44,20 @@ def zero_state(kind: str, hidden: int, batch: int) -> np.ndarray:
     return np.zeros((batch,) + state_shape(kind, hidden), np.float32)
 
 
+def gru_blocks(w_ih: np.ndarray, w_hh: np.ndarray, b_ih: np.ndarray, b_hh: np.ndarray):
+    """torch's GRU weights (``weight_ih`` [3H, in], ``weight_hh`` [3H, H], ``bias_ih``, ``bias_hh`` [3H]; gates r, z,
+    n) as laglab's numpy GRUs run them — the actors' :meth:`Cell.step` and the learner's
+    :func:`laglab.npstep.gru_forward` —, split by gate and transposed for ``x @ w``: ``(wi_rz [in, 2H], wi_n [in, H],
+    wh_rz [H, 2H], wh_n [H, H], b_rz [2H], b_in [H], b_hn [H])``. r's and z's weights are halved and their two
+    biases summed and halved, so one tanh gives both gates: sigmoid(a) = 0.5 + 0.5 tanh(a / 2) (halving is exact:
+    a power of two). n's hidden bias ``b_hn`` stays apart: it sits inside r * (W_hn h + b_hn). float32 throughout."""
+    w_ih, w_hh = np.asarray(w_ih, np.float32), np.asarray(w_hh, np.float32)
+    b_ih, b_hh = np.asarray(b_ih, np.float32), np.asarray(b_hh, np.float32)
+    H, half = w_hh.shape[1], np.float32(0.5)
+    return ((w_ih[:2 * H] * half).T, w_ih[2 * H:].T, w_hh[:2 * H].T * half, np.ascontiguousarray(w_hh[2 * H:].T),
+            half * (b_ih[:2 * H] + b_hh[:2 * H]), b_ih[2 * H:], b_hh[2 * H:])
+
+
 class Cell:
     """One recurrent cell's weights (torch's names, without a prefix) and its step on a batch."""
 
@@ -60,14 +74,12 @@ class Cell:
         if self.w_hh.shape[1] != gates * self.hidden or self.w_ih.shape[1] != gates * self.hidden:
             raise ValueError(f"{kind} weights of shapes {self.w_ih.shape[::-1]}, {self.w_hh.shape[::-1]}: "
                              f"not {gates} gates of {self.hidden}")
-        if kind == "gru":  # r's and z's columns halved (exactly: a power of two), their biases summed: see step
-            H = self.hidden
-            half = np.ones(3 * H, np.float32)
-            half[:2 * H] = 0.5
-            self.g_ih = self.w_ih * half
-            self.g_hh = self.w_hh * half
-            self.g_b = np.concatenate([0.5 * (self.b_ih[:2 * H] + self.b_hh[:2 * H]), self.b_ih[2 * H:]])
-            self.g_bhn = self.b_hh[2 * H:]
+        if kind == "gru":  # the gates' blocks side by side: one product each for x and h (gru_blocks: halved r, z)
+            wi_rz, wi_n, wh_rz, wh_n, b_rz, b_in, self.g_bhn = gru_blocks(weights["weight_ih"], weights["weight_hh"],
+                                                                         self.b_ih, self.b_hh)
+            self.g_ih = np.concatenate([wi_rz, wi_n], axis=1)  # [in, 3H]
+            self.g_hh = np.concatenate([wh_rz, wh_n], axis=1)  # [H, 3H]
+            self.g_b = np.concatenate([b_rz, b_in])
 
     def step(self, x: np.ndarray, state: np.ndarray) -> np.ndarray:
         """The next state ([B, H] GRU, [B, 2, H] LSTM) from inputs ``x`` [B, in] and ``state``."""
