@@ -44,7 +44,7 @@ def main(argv=None) -> int:
 
     from laglab.config import ConfigError
     from laglab.console import log_third_party_to
-    from laglab.evaluate import evaluate
+    from laglab.evaluate import evaluate, find_checkpoint
 
     if args.episodes < 1:
         print(f"laglab: invalid option: episodes={args.episodes}; allowed: an integer >= 1", file=sys.stderr)
@@ -53,9 +53,10 @@ def main(argv=None) -> int:
         log_third_party_to(args.run_dir / "evaluate.log")
 
     video = None
-    if args.video:
-        video = args.run_dir / "videos" / f"{Path(args.checkpoint).stem}-{args.mode}-{args.seed}"
     try:
+        if args.video:  # named by the checkpoint it plays (final, latest or the file's name), not by "auto"
+            which = find_checkpoint(args.run_dir, args.checkpoint).stem if args.run_dir.is_dir() else args.checkpoint
+            video = args.run_dir / "videos" / f"{Path(which).stem}-{args.mode}-{args.seed}"
         out = evaluate(args.run_dir, args.episodes, args.mode, args.checkpoint, args.seed, video, overrides)
     except ConfigError as e:
         print(f"laglab: {e}", file=sys.stderr)

@@ -22,7 +22,6 @@ import pandas as pd
 from . import stats
 from .load import AnalysisError  # noqa: F401 - re-exported
 from .measures import MEASURES
-from .references import normalize
 
 MIN_CI_RUNS = 5  # below this many runs per group an interval is the seed range, not a CI
 MIN_CLAIM_RUNS = 10  # runs per arm a claim in the README needs
@@ -482,6 +481,8 @@ def normalized_aggregates(df: pd.DataFrame, by: Sequence[str], cols: Sequence[st
                           reps: int = REPS, seed: int = BOOT_SEED) -> pd.DataFrame:
     """rliable's set on scores normalized per env (``references.normalize``): median, IQM, mean and optimality
     gap across tasks with stratified bootstrap 95% CIs, per group. Empty when no env has a reference."""
+    from .references import normalize  # (here, not at the top: `python -m analysis.references` runs that module)
+
     used = df[df["used"]] if "used" in df else df
     if "cfg.env.id" not in used:
         return pd.DataFrame()

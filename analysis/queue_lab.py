@@ -70,6 +70,9 @@ def littles_law(mean_depth: float, arrival_rate: float, mean_age: float) -> Dict
 def run_check(run_dir: str | Path) -> Dict[str, object]:
     """Measured rates, the fluid prediction and Little's law for one run."""
     run_dir = Path(run_dir)
+    for f in ("metrics.parquet", "summary.json"):
+        if not (run_dir / f).is_file():
+            raise LabError(f"{run_dir}: no {f} (a run dir of train.py is expected)")
     m = pd.read_parquet(run_dir / "metrics.parquet")
     s = json.loads((run_dir / "summary.json").read_text())
     T = float(m["wall_time"].iloc[-1] - m["wall_time"].iloc[0])
@@ -325,14 +328,20 @@ def main(argv: Optional[list] = None) -> int:
     except LabError as e:
         print(f"queue_lab: {e}", file=sys.stderr)
         return 2
+    if args.runs:  # run dirs: their checks alone, as JSON (one object, or a list for several)
+        try:
+            checks = [run_check(r) for r in args.runs]
+        except LabError as e:
+            print(f"queue_lab: {e}", file=sys.stderr)
+            return 2
+        print(json.dumps(checks[0] if len(checks) == 1 else checks, indent=2, default=float))
+        return 0
     t = np.arange(0, 9)
     print(f"fluid model: arrival {args.arrival:g}, service {args.service:g}, from {args.q0:g} items")
     print("t:       " + " ".join(f"{x:5.1f}" for x in t))
     print("backlog: " + " ".join(f"{x:5.1f}" for x in backlog(t, args.arrival, args.service, args.q0)))
     print("age out: " + " ".join(f"{x:5.2f}" for x in age_at_departure(t, args.arrival, args.service, args.q0)))
     print(f"drains at t = {drain_time(args.arrival, args.service, args.q0):g}")
-    for r in args.runs:
-        print(json.dumps(run_check(r), indent=2, default=float))
     return 0
 
 

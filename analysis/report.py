@@ -108,6 +108,13 @@ def build(runs: pd.DataFrame, curve_df: pd.DataFrame, lags: pd.DataFrame, opts: 
             keys = [c for c in selection.columns if c.startswith("cfg.") and c != opts.select]
             chosen = "; ".join(f"{cmp.label(keys, tuple(str(r[c]) for c in keys))}: {opts.select}={r[opts.select]:g}"
                                for _, r in selection.iterrows())
+            held = runs[runs["selection"] != "selection"]
+            if len(held):  # held-out runs exist, at values the selection did not choose
+                values = ", ".join(sorted(held[opts.select].astype(str).unique()))
+                raise AnalysisError(f"no held-out run (outside the selection seeds {opts.select_on}) at the chosen "
+                                    f"values: the selection chose {chosen}, and the {len(held)} held-out runs here are "
+                                    f"at {opts.select}={values}. Run the held-out seeds at the chosen values, then "
+                                    "report all the run dirs together")
             raise AnalysisError(f"no run outside the selection seeds ({opts.select_on}) yet, so nothing to report on "
                                 f"held-out seeds. The selection chose: {chosen}. Run the held-out seeds at those "
                                 "values, then report all the run dirs together")

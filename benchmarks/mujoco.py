@@ -144,7 +144,7 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r['who']} | {r['sps']:,.0f} | {1e6 / r['sps'] / 60:.1f} | {base / r['sps']:.2f}x | "
-              f"{r['final']:.1f} |")
+              + (f"{r['final']:.1f} |" if r["final"] is not None else "- (no episode finished) |"))
 
 
 if __name__ == "__main__":

@@ -299,6 +299,12 @@ def test_the_selection_phase_alone_says_what_it_chose_and_keeps_its_compact_data
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "no run outside the selection seeds (seed=0-2)" in p.stderr and "cfg.learner.lr=0.002" in p.stderr
     assert len(pd.read_csv(tmp_path / "r" / "runs.csv")) == 6  # (a later report continues from these)
+    # held-out runs at a value the selection did not choose: said so, not "no run outside the selection seeds"
+    make_run(tmp_path / "other", "held_0.001_5", lag=0, seed=5, auc_value=150, extra_cfg={"learner.lr": 0.001})
+    p = _report(tmp_path / "runs", tmp_path / "other", "--out", tmp_path / "r_other", "--select", "cfg.learner.lr",
+                "--select-on", "seed=0-2")
+    assert p.returncode == 2 and "no held-out run (outside the selection seeds seed=0-2) at the chosen values" in \
+        p.stderr and "the 1 held-out runs here are at cfg.learner.lr=0.001" in p.stderr, p.stderr
     make_run(tmp_path / "held", "held_0.002_5", lag=0, seed=5, auc_value=150, extra_cfg={"learner.lr": 0.002})
     p = _report(tmp_path / "r", tmp_path / "held", "--out", tmp_path / "r2", "--select", "cfg.learner.lr",
                 "--select-on", "seed=0-2")
@@ -575,6 +581,13 @@ def test_queue_lab_reads_a_stalled_run(tmp_path):
     assert r["stalls"] >= 3 and r["arrival_rate"] > 0 and r["service_rate"] > r["arrival_rate"] * 0.1
     assert r["measured_mean_depth"] > 0 and r["littles_law_depth"] > 0 and np.isfinite(r["ratio"])
     assert r["max_depth"] <= 16
+    # the command line on a run dir prints its check alone, as JSON; a dir that is no run is refused by name
+    p = subprocess.run([sys.executable, "-m", "analysis.queue_lab", str(tmp_path)], capture_output=True, text=True,
+                       cwd=ROOT)
+    assert p.returncode == 0 and json.loads(p.stdout)["stalls"] == r["stalls"], p.stdout + p.stderr
+    p = subprocess.run([sys.executable, "-m", "analysis.queue_lab", str(tmp_path / ".hydra")], capture_output=True,
+                       text=True, cwd=ROOT)
+    assert p.returncode == 2 and "no metrics.parquet" in p.stderr and not p.stdout
 
 
 def test_a_sweep_through_the_submitit_launcher_runs_jobs_in_parallel_processes(tmp_path):

@@ -221,6 +221,9 @@ def test_train_py_refuses_bad_overrides_before_starting(args, needle):
     (["total_env_step=30000"], "did you mean total_env_steps?"),
     (["+total_env_step=30000"], "did you mean total_env_steps?"),  # Hydra's own advice, followed
     (["total_env_steps=1e5"], "total_env_steps=1e5; allowed: an integer; did you mean total_env_steps=100000?"),
+    # a key written twice: the refused value is named, not the last one written (which is fine)
+    (["total_env_steps=1e5", "total_env_steps=20000"], "total_env_steps=1e5; allowed: an integer; did you mean "
+                                                       "total_env_steps=100000?"),
     (["batch_size=512"], "did you mean learner.batch_size?"),
     (["learner.batchsize=512"], "allowed under learner: batch_size, epochs"),
     (["algo=vtrac"], "algo=vtrac; allowed: decoupled | decoupled_ewma | dual_clip | ppo | vtrace | "

@@ -66,6 +66,8 @@ def test_the_run_ends_with_a_footer_naming_the_run_dir(cartpole):
     assert f"final {s['final_return_mean']:,.1f}, best {s['best_return_mean']:,.1f}" in tail
     assert f"wandb sync {out}/wandb/offline-run-" in tail
     assert f"python evaluate.py {out}" in tail and f"python -m analysis.report {out}" in tail
+    last_bar = text.rfind("━")  # the bar was erased before the footer: no stale count or time left above it
+    assert "\x1b[2K" in text[last_bar:text.index("laglab: completed")], repr(text[last_bar:last_bar + 300])
 
 
 def test_the_bar_is_not_in_wandbs_output_log(tmp_path):
@@ -171,7 +173,7 @@ def test_the_bar_outlives_its_terminal(monkeypatch):
     with pytest.raises(OSError, match="No space"):
         bar.write_above(_Gone(28), "to a full disk\n")  # ENOSPC
     bar.update(20, "sps 2")
-    bar.close()  # draws its last state and closes its handle: nothing raises
+    bar.close()  # erases the bar and closes its handle: nothing raises
 
 
 # ---- the footer on summary dicts -------------------------------------------------------------------------

@@ -114,6 +114,11 @@ def test_video_is_recorded_or_what_is_missing_is_named(cartpole, monkeypatch):
     out = evaluate(cartpole, episodes=2, video=cartpole / "videos" / "t")
     assert out["videos"] == ["eval-episode-0.mp4", "eval-episode-1.mp4"]
     assert all((cartpole / "videos" / "t" / v).stat().st_size > 1000 for v in out["videos"])
+    # the command line names the folder by the checkpoint it played (final.pt here), the mode and the seed
+    p = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), str(cartpole), "--video", "--episodes", "1"],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert (cartpole / "videos" / "final-deterministic-1000000" / "eval-episode-0.mp4").is_file(), p.stdout
     monkeypatch.setitem(sys.modules, "moviepy", None)  # as if it were not installed
     with pytest.raises(ConfigError, match=r"moviepy.*\[video\]"):
         evaluate(cartpole, episodes=1, video=cartpole / "videos" / "u")

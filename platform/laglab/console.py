@@ -117,9 +117,8 @@ class LiveBar:
 
     def close(self) -> None:
         with self.lock:
-            if self.live:
-                self._draw()
-                self._to_term(lambda: "\n")
+            if self.live:  # the bar goes: the footer says where the run ended (a last frame would show a stale
+                self._erase()  # count and time left above it)
                 self.live = False
                 for owner, attr, original in reversed(self._saved):
                     current = getattr(owner, attr) if attr else owner.stream

@@ -55,6 +55,21 @@ def _written(overrides: Sequence[str], key: str) -> Optional[str]:
     return found
 
 
+def _refused(overrides: Sequence[str], key: str, refused: object) -> Optional[str]:
+    """The value of ``key`` as the command line wrote it that was refused (``refused``: the value the error names):
+    where the key is written more than once (``total_env_steps=1e5 total_env_steps=20000``), the one refused, not
+    simply the last."""
+    written = [v for o in overrides for k, eq, v in [o.lstrip("+~").partition("=")] if eq and k == key]
+    if refused is not None:
+        for v in reversed(written):
+            try:
+                if v == str(refused) or float(v) == float(refused):  # (1e5 written, 100000.0 refused)
+                    return v
+            except (TypeError, ValueError):
+                pass
+    return written[-1] if written else None
+
+
 def _one_line(text: str) -> str:
     lines = [ln.strip() for ln in str(text).splitlines() if ln.strip() and not ln.strip().startswith("See https://")]
     return " ".join(lines)
@@ -92,7 +107,7 @@ def explain(e: BaseException, overrides: Sequence[str]) -> str:
         return unknown_key_message(full_key, owner, keys)
     if isinstance(cause, ValidationError) and full_key:
         t = key_type(owner, getattr(cause, "key", full_key.rpartition(".")[2])) if owner else None
-        value = _written(overrides, full_key)
+        value = _refused(overrides, full_key, getattr(cause, "value", None))
         allowed = describe_type(t) if t is not None else _one_line(cause.msg.split("full_key:")[0])
         hint = ""
         if t is int and value is not None:

@@ -352,14 +352,15 @@ class Tracker:
         elif self.wandb:
             with self._lock:  # keep the episodes for the next logged row
                 self._since_log = fresh + self._since_log
+        ret_text = f"{ret:.1f}" if math.isfinite(ret) else "-"  # (no episode has finished yet)
         if now - self._last_console >= self.cfg.console_every_s:
             self._last_console = now
             total = f"/{self.total}" if self.total else ""
-            log.info("steps %d%s  sps %.0f  return %.1f  lag %.2f  queue %s  kl %.4f", env_steps, total,
-                     row["charts/sps"], ret, row.get("lag/mean", float("nan")), row.get("transport/queue_depth", "-"),
-                     row.get("losses/approx_kl", float("nan")))
+            log.info("steps %d%s  sps %.0f  return %s  lag %.2f  queue %s  kl %.4f", env_steps, total,
+                     row["charts/sps"], ret_text, row.get("lag/mean", float("nan")),
+                     row.get("transport/queue_depth", "-"), row.get("losses/approx_kl", float("nan")))
         if self.progress:
-            self.progress.update(env_steps, f"sps {row['charts/sps']:,.0f}  return {ret:.1f}  "
+            self.progress.update(env_steps, f"sps {row['charts/sps']:,.0f}  return {ret_text}  "
                                             f"lag {row.get('lag/mean', float('nan')):.2f}  "
                                             f"queue {row.get('transport/queue_depth', 0):.0f}")
         self.log_s += time.perf_counter() - t_in
