@@ -257,6 +257,15 @@ def _descendants(pid):
     return out
 
 
+def _new_actor(pid, before) -> bool:
+    """Whether an actor process not in ``before`` runs under ``pid`` (a restart); False while /proc changes under the
+    look (a process gone between listing and reading)."""
+    try:
+        return bool(set(_actors(_descendants(pid))) - set(before))
+    except OSError:
+        return False
+
+
 def _actors(kids):
     """The actor processes among ``kids``: spawned ones run spawn_main; forked ones are the fork server's
     children (the server runs forkserver's main and has the run's lifeline)."""
@@ -296,9 +305,12 @@ def test_no_shared_memory_or_process_is_left_behind(tmp_path, how, start_method)
             elif how == "ctrl_c":
                 os.killpg(p.pid, signal.SIGINT)  # the whole foreground group, as a terminal does
             else:
-                actor = _actors(kids)[0]
-                os.kill(actor, signal.SIGKILL)
-                time.sleep(2.0)  # let the supervisor notice, then stop the run
+                before = set(_actors(kids))
+                os.kill(next(iter(before)), signal.SIGKILL)
+                deadline = time.monotonic() + 120  # the supervisor restarts it: wait for the new actor, not a time
+                while not _new_actor(p.pid, before) and time.monotonic() < deadline and p.poll() is None:
+                    time.sleep(0.05)
+                kids += [k for k in _descendants(p.pid) if k not in kids]
                 p.send_signal(signal.SIGTERM)
         p.wait(120)
     finally:
