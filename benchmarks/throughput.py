@@ -14,8 +14,9 @@ learner-bound estimate: with one serial learner, an asynchronous run can hide th
 learning, not the learning, so it gains about wall / (wall - acting) of the sync run (acting: the time the sync
 run's learner waited, less its time taking fragments in).
 
-Each run is its own process (`python train.py ...`), W&B off; SPS is summary.json's `sps` (env steps over
-the run's wall time, start-up included). Prints markdown tables with ratios against the best in-process
+Each run is its own process (`python train.py ...`), W&B off; SPS is summary.json's `sps`: env steps over the
+run's wall time from the moment its runner starts (the actors' start is in it; the process's interpreter, imports,
+config and learner before it, ~1.3-1.4 s here, are not: `benchmarks/startup.py` times those). Prints markdown tables with ratios against the best in-process
 runner (sync or thread) measured in the same invocation.
 """
 from __future__ import annotations
@@ -78,7 +79,7 @@ def ceiling(sync_sps: float, processes: int) -> float:
     can do what the synchronous runner does on one core (it steps the envs and learns in one thread), so
     min(cores, processes) x sync SPS. An upper bound, not a promise: the learner is one serial thread, so a run
     whose learning alone takes longer than its env stepping cannot reach it; cores are this process's affinity
-    (not the load, not a cgroup's quota), and every SPS includes the run's start-up."""
+    (not the load, not a cgroup's quota), and every SPS includes the actors' start (not the process's imports)."""
     return min(cores(), processes) * sync_sps
 
 

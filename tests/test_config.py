@@ -59,6 +59,28 @@ def test_actors_auto_follows_the_runner_and_the_usable_cpus():
     assert c.actors == 8 and getattr(c, "actors_auto", None) is None
 
 
+def test_usable_cpus_honours_a_cgroup_cpu_quota(tmp_path, monkeypatch):
+    # a container limited to 2 CPUs (docker --cpus=2) may see every CPU of its host in its affinity
+    import laglab.config as lc
+
+    v2, v1 = tmp_path / "cpu.max", tmp_path / "cpu" / "cpu.cfs_quota_us"
+    v1.parent.mkdir()
+    v2.write_text("150000 100000\n")  # 1.5 CPUs: 2 (rounded up)
+    assert lc.cpu_quota((str(v2),)) == 2
+    v2.write_text("max 100000\n")  # no quota
+    assert lc.cpu_quota((str(v2),)) is None
+    v1.write_text("300000\n")
+    (v1.parent / "cpu.cfs_period_us").write_text("100000\n")
+    assert lc.cpu_quota((str(tmp_path / "nothing"), str(v1))) == 3  # (v1 where v2 is absent)
+    v1.write_text("-1\n")
+    assert lc.cpu_quota((str(v1),)) is None
+    monkeypatch.setattr(lc.os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.setattr(lc, "cpu_quota", lambda files=None: 2)
+    assert lc.usable_cpus() == 2 and lc.auto_actors("process", lc.usable_cpus()) == 2
+    monkeypatch.setattr(lc, "cpu_quota", lambda files=None: None)
+    assert lc.usable_cpus() == 64
+
+
 def test_actors_auto_reads_the_affinity_not_the_machine(tmp_path):
     # one CPU by affinity (taskset, a cpuset, SLURM): a child process composes the default config
     code = ("import os, sys; os.sched_setaffinity(0, [sorted(os.sched_getaffinity(0))[0]]); "

@@ -15,6 +15,7 @@ import os
 import typing
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
@@ -281,12 +282,37 @@ def _schema_at(path: str) -> type:
 SCHEMA_NAME = "laglab_schema"  # not a selectable group option
 
 
+CPU_QUOTA_FILES = ("/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us")  # cgroup v2, v1
+
+
+def cpu_quota(files=CPU_QUOTA_FILES) -> Optional[int]:
+    """The CPUs a cgroup's quota allows this process (``docker --cpus=2``, Kubernetes limits: a quota of 200000 us per
+    100000 us is 2), rounded up; None where no quota is set or none can be read."""
+    for f in files:
+        try:
+            text = Path(f).read_text().split()
+            if f.endswith("cpu.max"):  # "<quota> <period>" or "max <period>"
+                quota, period = text[0], text[1]
+            else:  # cgroup v1: cpu.cfs_quota_us (-1: none) beside cpu.cfs_period_us
+                quota, period = text[0], Path(f).with_name("cpu.cfs_period_us").read_text().split()[0]
+            if quota in ("max", "-1"):
+                return None
+            q, per = int(quota), int(period)
+            return max(1, -(-q // per)) if q > 0 and per > 0 else None
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
 def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity: taskset, cgroups' cpusets, SLURM), not the machine's count."""
+    """CPUs this process may run on: its affinity (taskset, cgroups' cpusets, SLURM), capped by a cgroup's CPU quota
+    (a container limited to 2 CPUs on a 64-CPU host may still see all 64 in its affinity) — not the machine's count."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        n = max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # (not Linux)
-        return max(1, os.cpu_count() or 1)
+        n = max(1, os.cpu_count() or 1)
+    quota = cpu_quota()
+    return min(n, quota) if quota else n
 
 
 def auto_actors(runner: Any, cpus: int) -> int:
