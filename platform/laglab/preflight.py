@@ -45,20 +45,10 @@ def quote_resume(arg: str) -> str:
     return arg
 
 
-def _written(overrides: Sequence[str], key: str) -> Optional[str]:
-    """The value of ``key`` as the command line wrote it (the last override of that key)."""
-    found = None
-    for o in overrides:
-        k, eq, v = o.lstrip("+~").partition("=")
-        if eq and k == key:
-            found = v
-    return found
-
-
 def _refused(overrides: Sequence[str], key: str, refused: object) -> Optional[str]:
     """The value of ``key`` as the command line wrote it that was refused (``refused``: the value the error names):
     where the key is written more than once (``total_env_steps=1e5 total_env_steps=20000``), the one refused, not
-    simply the last."""
+    simply the last; the last where none matches."""
     written = [v for o in overrides for k, eq, v in [o.lstrip("+~").partition("=")] if eq and k == key]
     if refused is not None:
         for v in reversed(written):
