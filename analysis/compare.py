@@ -76,15 +76,34 @@ def parse_seeds(text: str) -> List[int]:
     return out
 
 
-def _key(values) -> tuple:
-    return tuple(str(v) for v in (values if isinstance(values, tuple) else (values,)))
+def whole_numbers(col: pd.Series) -> bool:
+    """An integer config key that some runs leave null: pandas holds it as floats (1024.0). (A float key the
+    config spells 3.0 on every run stays 3.0; with nulls beside it, it reads 3: :func:`matched_baselines` matches
+    either spelling.)"""
+    have = col.dropna()
+    return col.dtype.kind == "f" and 0 < len(have) < len(col) and bool(np.isfinite(have).all() and (have == np.floor(have)).all())
+
+
+def _text(v, whole: bool) -> str:
+    return str(int(v)) if whole and isinstance(v, (float, np.floating)) and np.isfinite(v) else str(v)
+
+
+def as_text(col: pd.Series) -> pd.Series:
+    """A config column's values as the config spells them: ``1024``, not the ``1024.0`` of a column with nulls."""
+    whole = whole_numbers(col)
+    return col.map(lambda v: _text(v, whole)) if whole else col.astype(str)
 
 
 def groups_of(runs: pd.DataFrame, by: Sequence[str]) -> List[Tuple[tuple, pd.DataFrame]]:
     """(string key, runs) per group, in sorted order of the group values."""
     if not by:
         return [((), runs)]
-    return [(_key(k), g) for k, g in runs.groupby(list(by), dropna=False, sort=True)]
+    return [(text_key(runs, by, k), g) for k, g in runs.groupby(list(by), dropna=False, sort=True)]
+
+
+def text_key(frame: pd.DataFrame, by: Sequence[str], k) -> tuple:
+    """A groupby key of ``frame`` by ``by`` as strings, each spelled as :func:`as_text` spells its column."""
+    return tuple(_text(v, whole_numbers(frame[b])) for b, v in zip(by, k if isinstance(k, tuple) else (k,)))
 
 
 def short_key(key: str) -> str:
@@ -112,13 +131,31 @@ def matched_baselines(keys: Sequence[tuple], by: Sequence[str], baseline: Dict[s
                             "other keys equal")
     pos = {b: by.index(b) for b in baseline}
     present = set(keys)
+    spelled = {b: spelled_as(str(v), {k[pos[b]] for k in keys}) for b, v in baseline.items()}
     out = {}
     for k in keys:
         t = list(k)
-        for b, v in baseline.items():
-            t[pos[b]] = str(v)
+        for b in baseline:
+            t[pos[b]] = spelled[b]
         out[k] = tuple(t) if tuple(t) in present else None
     return out
+
+
+def spelled_as(value: str, present: set) -> str:
+    """``value`` as the groups spell it: ``--baseline cfg.x=3.0`` names the group ``x=3`` and ``1024`` ``1024.0``."""
+    if value in present:
+        return value
+    try:
+        num = float(value)
+    except ValueError:
+        return value
+    for p in present:
+        try:
+            if float(p) == num:
+                return p
+        except ValueError:
+            continue
+    return value
 
 
 def family(by: Sequence[str], key: tuple, baseline: Dict[str, str]) -> tuple:

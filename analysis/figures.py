@@ -205,7 +205,8 @@ def lag_cost_figure(res: "Result", out: Path) -> Optional[Path]:
     if "cfg.env.id" in used and used["cfg.env.id"].nunique() > 1:
         return None  # ΔAUC in return units of different envs do not share an axis
     (tkey, tval), = base.items()
-    levels = s[tkey].astype(str)
+    levels = cmp.as_text(s[tkey])
+    tval = cmp.spelled_as(str(tval), set(levels))
     if levels.nunique() < 2:
         return None  # the lag is constant
     x_set = _numeric(levels)
@@ -218,11 +219,11 @@ def lag_cost_figure(res: "Result", out: Path) -> Optional[Path]:
     base_of = cmp.matched_baselines(list(groups), by, base)
     families = [("all", s)] if along or not keys else s.groupby(keys, sort=True, dropna=False)
     for fk, f in families:
-        f = f[(f[tkey].astype(str) != str(tval)) & f["auc_delta"].notna()]
+        f = f[(levels[f.index] != tval) & f["auc_delta"].notna()]
         if f.empty:
             continue
-        lab = (cmp.label(keys, cmp._key(fk)) if keys and not along else
-               f"{cmp.short_key(tkey)}={'/'.join(sorted(f[tkey].astype(str).unique()))} vs {tval}")
+        lab = (cmp.label(keys, cmp.text_key(s, keys, fk)) if keys and not along else
+               f"{cmp.short_key(tkey)}={'/'.join(sorted(levels[f.index].unique()))} vs {tval}")
         x_lag = (x_set[f.index] if x_set is not None else _numeric(f[along].astype(str)) if along
                  else f["lag_mean_iqm"].to_numpy(float))
         order = np.argsort(x_lag)
@@ -263,7 +264,7 @@ def lag_cost_figure(res: "Result", out: Path) -> Optional[Path]:
     axes[0].set_xlabel(f"{cmp.short_key(tkey)} (log2 axis)" if x_set is not None else f"{cmp.short_key(along)} (log2 axis)"
                        if along else "measured mean version lag (log2 axis)")
     axes[1].set_xlabel("measured KL(behavior ‖ current) per update (IQM)")
-    if np.all(s.loc[s[tkey].astype(str) != str(tval), "kl_behavior_iqm"].dropna() > 0):
+    if np.all(s.loc[levels != tval, "kl_behavior_iqm"].dropna() > 0):
         axes[1].set_xscale("log")
         axes[1].xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         axes[1].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
@@ -381,7 +382,7 @@ def actors_figure(res: "Result", out: Path) -> Optional[Path]:
     fig, axes = _grid(len(panels), 3, w=4.3, h=3.1, sharey=False)
     xs = sorted(s["cfg.actors"].astype(int).unique())
     for fk, f in (s.groupby(keys, sort=True, dropna=False) if keys else [((), s)]):
-        lab = cmp.label(keys, cmp._key(fk)) if keys else "all"
+        lab = cmp.label(keys, cmp.text_key(s, keys, fk)) if keys else "all"
         f = f.assign(_x=f["cfg.actors"].astype(int)).sort_values("_x")
         color = None
         for ax, (m, _) in zip(axes, panels):

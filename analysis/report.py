@@ -5,7 +5,9 @@
                               [--reference "cfg.algo.name=ppo"] [--allow-mixed] [--include-failed]
     python -m analysis.report reports/<study>          # rebuild a report from its committed compact files
 
-Writes the compact data (``runs.csv``: one row per run, config, provenance and measures; ``curves.parquet``: the
+Writes the compact data (``runs.csv``: one row per run, config, provenance and measures, its ``used`` the runs
+eligible as loaded — completed ones — since a rebuild applies ``--select`` to them again; which runs the statistics
+used after the selection is the ``used`` column of report.md's Runs table; ``curves.parquet``: the
 learning curves in long format; ``lag_counts.csv`` where lag varied within runs; ``report.json``: the options),
 then builds from those files alone ``summary.csv`` (one row per group), ``costs.csv`` (differences in cost
 between families), ``normalized.csv`` (rliable's aggregates on normalized scores), ``report.md``, a
@@ -76,7 +78,7 @@ class Result:
 def default_baseline(runs: pd.DataFrame, by: List[str]) -> Dict[str, str]:
     """The lag-0 group when there is one: ``runner=sync``, else ``actor.fixed_lag=0``."""
     for key, val in (("cfg.runner.name", "sync"), ("cfg.actor.fixed_lag", "0")):
-        if key in by and (runs[key].astype(str) == val).any():
+        if key in by and (cmp.as_text(runs[key]) == val).any():
             return {key: val}
     return {}
 

@@ -749,3 +749,25 @@ def test_a_long_report_command_is_shown_short_and_kept_whole():
     assert shown == (f"python -m analysis.report <{SHOWN_PATHS + 3} run or sweep dirs in /runs/held, /runs/sel; all in "
                      "report.json> --out rep --select cfg.learner.lr")
     assert shown_command("python -m analysis.report reports/x") == "python -m analysis.report reports/x"
+
+
+def test_an_integer_key_null_on_some_runs_labels_and_matches_as_an_integer(tmp_path):
+    # actor.max_lead_steps null on some runs: pandas made the column float, the groups were labelled
+    # "max_lead_steps=1024.0" and --baseline cfg.actor.max_lead_steps=1024 matched no group
+    from analysis import compare, runs as runs_mod
+    for s in range(5):
+        make_run(tmp_path / "runs", f"none{s}", seed=s, auc_value=100, extra_cfg={"actor.max_lead_steps": None})
+        make_run(tmp_path / "runs", f"lead{s}", seed=s, auc_value=120, extra_cfg={"actor.max_lead_steps": 1024})
+    loaded = runs_mod.load_runs([tmp_path / "runs"])
+    keys = [k for k, _ in compare.groups_of(loaded, ["cfg.actor.max_lead_steps"])]
+    assert keys == [("1024",), ("nan",)]
+    assert compare.label(["cfg.actor.max_lead_steps"], keys[0]) == "actor.max_lead_steps=1024"
+    # a --baseline matches the group's spelling either way; a float key the runs all set keeps its 3.0
+    assert compare.spelled_as("1024.0", {"1024", "nan"}) == "1024" and compare.spelled_as("3", {"3.0"}) == "3.0"
+    assert list(compare.as_text(pd.Series([3.0, 3.5]))) == ["3.0", "3.5"]
+    for src, out in ((tmp_path / "runs", tmp_path / "r"), (tmp_path / "r", tmp_path / "r2")):  # then its compact data
+        p = _report(src, "--out", out, "--baseline", "cfg.actor.max_lead_steps=1024")
+        assert p.returncode == 0, p.stderr
+        assert "no matched baseline" not in p.stderr + (out / "report.md").read_text()
+        s = pd.read_csv(out / "summary.csv")
+        assert sorted(s["auc_delta"]) == [pytest.approx(-20), 0.0]
