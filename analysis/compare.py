@@ -98,12 +98,17 @@ def groups_of(runs: pd.DataFrame, by: Sequence[str]) -> List[Tuple[tuple, pd.Dat
     """(string key, runs) per group, in sorted order of the group values."""
     if not by:
         return [((), runs)]
-    return [(text_key(runs, by, k), g) for k, g in runs.groupby(list(by), dropna=False, sort=True)]
+    whole = [whole_numbers(runs[b]) for b in by]  # (once per column, not per group)
+    return [(_spelled_key(k, whole), g) for k, g in runs.groupby(list(by), dropna=False, sort=True)]
 
 
 def text_key(frame: pd.DataFrame, by: Sequence[str], k) -> tuple:
     """A groupby key of ``frame`` by ``by`` as strings, each spelled as :func:`as_text` spells its column."""
-    return tuple(_text(v, whole_numbers(frame[b])) for b, v in zip(by, k if isinstance(k, tuple) else (k,)))
+    return _spelled_key(k, [whole_numbers(frame[b]) for b in by])
+
+
+def _spelled_key(k, whole: Sequence[bool]) -> tuple:
+    return tuple(_text(v, w) for v, w in zip(k if isinstance(k, tuple) else (k,), whole))
 
 
 def short_key(key: str) -> str:
