@@ -27,6 +27,8 @@ a worker 2x / 4x the other actors' lag behind):
 * ``value_instability``: the critic does not explain the returns (5.3/5.4): update the value function less.
 * ``throughput``: updates whose SPS drops below half the run's usual (5.2): look at actor utilisation and sync
   time.
+* ``cpu``: the actors waited for a CPU most of the time they were ready to run while the learner waited for data:
+  other processes have the cores (process actors run at nice 19 and yield to them): ``runner.actor_nice=0``.
 * ``books``: every transition accounted for (the transport seed): produced = admitted + dropped + rejected +
   in flight, nothing misattributed.
 
@@ -509,8 +511,30 @@ def rule_books(r: Run) -> Finding:
     return Finding("books", "ok", "the books", ev)
 
 
+def rule_cpu(r: Run) -> Finding:
+    """Actors starved of CPU by other processes (summary.json's ``cpu``, laglab.console.cpu_starved): not one of
+    the guide's rows, but what its 5.2 ("look at actor utilisation") finds first on a shared machine."""
+    from laglab.console import starved_text
+
+    c = r.summary.get("cpu") or {}
+    if not c or c.get("actors_wait_frac") is None:
+        return Finding("cpu", "ok", "CPU for the actors", "not measured (runner=sync or thread, a kernel without "
+                       "schedstat, or a run from before 2026-12-06)")
+    idle = c.get("learner_wait_frac")
+    ev = (f"the actors waited for a CPU {c['actors_wait_frac']:.0%} of the time they were ready to run "
+          f"({c.get('actors_wait_s', 0):,.1f} s, against {c.get('actors_cpu_s', 0):,.1f} s of CPU)"
+          + (f"; the learner waited for data {idle:.0%} of its time" if idle is not None else ""))
+    if not c.get("starved"):
+        return Finding("cpu", "ok", "CPU for the actors", ev)
+    runner, nice = str(r.summary.get("runner")), int(c.get("actor_nice") or 0)
+    ov = ["runner.actor_nice=0"] if runner == "process" and nice > 0 else []
+    return Finding("cpu", "act", "CPU for the actors", ev, ov,
+                   starved_text(c["actors_wait_frac"], idle if idle is not None else 1.0, runner, nice))
+
+
 RULES: List[Callable[[Run], Finding]] = [rule_kl, rule_loss, rule_lagging_worker, rule_parameter_wait,
-                                         rule_queue_age, rule_late_jitter, rule_value, rule_throughput, rule_books]
+                                         rule_queue_age, rule_late_jitter, rule_value, rule_throughput, rule_cpu,
+                                         rule_books]
 TUNING = {1: "hold KL under 0.02 with the actor count and the queue length",
           2: "add actors until throughput stops paying or KL rises (the knee)",
           3: "then the batch size (more samples per update, rather than more actors)",
@@ -532,7 +556,7 @@ def tuning_step(r: Run, findings: Dict[str, Finding]) -> Dict[str, object]:
         n = r.n_actors
         cores = int((r.summary.get("provenance") or {}).get("cpu_count") or 0)
         cpu_bound = r.get("env.id") != "laglab/Latency-v0"  # (latency-env actors sleep: they need no core)
-        lost = [k for k in ("parameter_wait", "throughput") if findings[k].severity == "act"]
+        lost = [k for k in ("parameter_wait", "throughput", "cpu") if k in findings and findings[k].severity == "act"]
         if lost:
             step, why = 2, ("the actors lose throughput (" + " and ".join(findings[k].title for k in lost) +
                             "): get it back with that finding's overrides before adding actors, or more actors "

@@ -54,6 +54,18 @@ class ActorStats:
     env_cpu_s: float = 0.0  # CPU seconds of this thread inside env.step (env_s less what the env waited)
     cpu_s: float = 0.0  # CPU seconds: the actor's whole process (process and Ray runners: rollouts, sends, snapshot
     # loads, polling) or, in-process (sync, thread), its own thread's time in rollouts
+    cpu_wait_s: float = 0.0  # seconds the actor's process was ready to run and waited for a CPU (process and Ray
+    # runners, Linux: the kernel's run delay, /proc/self/schedstat; 0 where the kernel does not say)
+
+
+def run_delay_s() -> float:
+    """Seconds this thread has spent ready to run while it waited for a CPU (the second field of
+    ``/proc/thread-self/schedstat``: the scheduler's run delay); 0.0 where the kernel does not provide it."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def lead(produced: int, consumed: Mapping[int, int], incarnation: int) -> int:

@@ -238,6 +238,38 @@ def to_log_file(*names: str) -> Iterator[None]:
         target.close()
 
 
+# ---- starved actors ---------------------------------------------------------------------------------------
+STARVED_WAIT = 0.9  # the actors waited for a CPU at least this share of the time they were ready to run ...
+STARVED_IDLE = 0.5  # ... while the learner waited for data at least this share of its time: the cores went elsewhere
+
+
+def cpu_starved(actors_cpu_s: float, actors_wait_s: float, learner_wait_frac: Optional[float]) -> Optional[float]:
+    """The share of their ready time the actors spent waiting for a CPU, when it says that other processes took
+    the cores: the actors waited >= ``STARVED_WAIT`` of it while the learner waited for data >= ``STARVED_IDLE``
+    of its time (neither the actors nor the learner had the CPUs). None otherwise, or without the figures (the
+    run delay is measured for process and Ray actors on Linux). Measured on 2 CPUs (benchmarks/actor_nice.py): a
+    quiet run's two nice-19 actors wait 0.3-0.5 of it (the learner preempts them, as it should); beside two busy
+    processes of the same session 0.99 at nice 19 (20x slower than sync) and 0.91 at nice 10, 0.6 at nice 0; beside
+    two busy processes of other sessions ~0.83 at any niceness (Linux shares the CPUs between sessions first:
+    the run has its share, and no setting of its own buys more), which is not flagged."""
+    ready = actors_cpu_s + actors_wait_s
+    if learner_wait_frac is None or ready <= 0 or actors_wait_s <= 0:
+        return None
+    frac = actors_wait_s / ready
+    return frac if frac >= STARVED_WAIT and learner_wait_frac >= STARVED_IDLE else None
+
+
+def starved_text(frac: float, learner_wait_frac: float, runner: str, nice: int) -> str:
+    """What the console, the footer and the doctor say about starved actors, and what to do about it."""
+    why = (f"the actors run at nice {nice} (runner.actor_nice) and get only what other processes of this session "
+           "leave them (where Linux groups processes by session, its default on most distributions, a busy "
+           "process in another terminal takes less); runner.actor_nice=0 makes them compete fairly (2 busy processes on 2 CPUs, measured: 29k "
+           "instead of 1.2k SPS), or free the CPUs") if runner == "process" and nice > 0 else \
+        "free the CPUs, or run fewer actors"
+    return (f"the actors waited for a CPU {frac:.0%} of the time they were ready to run, and the learner for data "
+            f"{learner_wait_frac:.0%} of its time: other processes have the CPUs; {why}")
+
+
 # ---- the footer ------------------------------------------------------------------------------------------
 def _n(x: Any) -> str:
     return f"{x:,}" if isinstance(x, int) else f"{x:,.0f}" if isinstance(x, float) and math.isfinite(x) else str(x)
@@ -292,6 +324,10 @@ def footer(summary: Mapping[str, Any], run_dir: Any) -> str:
     if lag:
         row("lag", f"version lag mean {_f(lag.get('mean'), 2)}, p95 {_f(lag.get('p95'), 0)}, max "
                    f"{_f(lag.get('max'), 0)}; KL(behavior||current) {_f(lag.get('kl_behavior'), 4)}")
+    cpu = s.get("cpu") or {}
+    if cpu.get("starved"):
+        row("cpu", starved_text(cpu["actors_wait_frac"], cpu["learner_wait_frac"], str(s.get("runner")),
+                                int(cpu.get("actor_nice") or 0)))
     t = s.get("transport")
     if t:
         dropped, rejected = t.get("dropped", {}), t.get("rejected", {})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
@@ -11,6 +12,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from .. import timeline
+from ..console import cpu_starved, starved_text
 from ..accounting import Balance, Budget, Ledger, merged
 from ..actor import ActorStats
 from ..admission import Admission
@@ -22,6 +24,8 @@ from ..policy import Snapshot
 from ..tagged import TAGGED_ID
 from ..tracking import Tracker
 from .supervisor import ActorFailed, check_stop, wait_unless_stopped
+
+log = logging.getLogger("laglab")
 
 
 class LearnerDriver:
@@ -69,6 +73,8 @@ class LearnerDriver:
         self._offer_s = 0.0  # since the last update
         self.compute_s = 0.0
         self.stalls = 0
+        self._cpu_mark: Optional[Tuple[float, float, float, float]] = None  # (time, actors' CPU and CPU waits, our waits)
+        self.cpu_warned = False  # starved actors were reported (see _watch_cpu)
         # actor.fixed_lag=k: actors get the snapshot k publications behind the newest (with the newest credits)
         self._history = collections.deque([learner.snapshot()], maxlen=(cfg.actor.fixed_lag or 0) + 1)
 
@@ -196,13 +202,39 @@ class LearnerDriver:
         hists = {"lag/version_lag": lags, "transport/age_s": np.asarray(ages),
                  # coverage: admitted steps so far per env instance (a skew shows which envs data is lost from)
                  "transport/coverage": np.fromiter(self.coverage.values(), dtype=np.float64)}
-        row = self.tracker.log_update(m, self.budget.used, hists, self.actors())
+        stats = self.actors()
+        row = self.tracker.log_update(m, self.budget.used, hists, stats)
+        self._watch_cpu(stats)
         ch = self.cfg.chaos
         if ch.stall_every_updates and self.learner.updates % ch.stall_every_updates == 0 and ch.stall_s > 0:
             self.stalls += 1
             wait_unless_stopped(ch.stall_s)  # the injected fault: a learner that stops consuming for a while
         self._t_last = time.perf_counter()
         return row
+
+    CPU_WINDOW_S = 5.0  # starved actors are judged on windows at least this long (from one update to a later one)
+
+    def _watch_cpu(self, stats: Mapping[int, ActorStats]) -> None:
+        """Say once, while it happens, when other processes starve the actors of CPU (console.cpu_starved: the
+        actors waited for a core most of the time they were ready to run while the learner waited for data)."""
+        if self.cpu_warned or not stats:
+            return
+        now = time.perf_counter()
+        mark = (now, sum(getattr(s, "cpu_s", 0.0) for s in stats.values()),
+                sum(getattr(s, "cpu_wait_s", 0.0) for s in stats.values()), self.wait_s)
+        if self._cpu_mark is None:
+            self._cpu_mark = mark
+            return
+        span = now - self._cpu_mark[0]
+        if span < self.CPU_WINDOW_S:
+            return
+        cpu, wait, idle = (b - a for a, b in zip(self._cpu_mark[1:], mark[1:]))
+        self._cpu_mark = mark
+        frac = cpu_starved(cpu, wait, idle / span)
+        if frac is not None:
+            self.cpu_warned = True
+            log.warning("laglab: %s", starved_text(frac, idle / span, self.cfg.runner.name.value,
+                                                  int(getattr(self.cfg.runner, "actor_nice", 0) or 0)))
 
     def _publish(self, sync: bool = False) -> None:
         """Publish the learner's policy. The actors get it, or under ``actor.fixed_lag=k`` the snapshot k

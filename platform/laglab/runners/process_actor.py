@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from .. import wire
-from ..actor import Actor, steps_per_rollout, throttle_state
+from ..actor import Actor, run_delay_s, steps_per_rollout, throttle_state
 from ..chaos import CORRUPTIONS, COUNTED, ChaosChannel, kinds_for
 
 SLOT_CORRUPTIONS = tuple(k for k in CORRUPTIONS if k != "shape")  # a slot has the layout's shapes by construction
@@ -141,6 +141,7 @@ class _Loop:
         self.out: List[bytes] = []  # messages not yet sent (see flush)
         actor.heartbeat = self.beat
         self.cpu0 = time.process_time()  # (the process's CPU before its loop: imports, envs, attaching shm)
+        self.wait0 = run_delay_s()  # (the same for its waits for a CPU)
 
     # ---- liveness -------------------------------------------------------------------------------------------
     def stopping(self) -> bool:
@@ -153,6 +154,7 @@ class _Loop:
     def publish_stats(self) -> None:
         st, c = self.actor.stats, self.ch.counts
         st.cpu_s = time.process_time() - self.cpu0
+        st.cpu_wait_s = run_delay_s() - self.wait0  # (the loop's thread: the one that steps, infers and sends)
         row = dataclasses.asdict(st)  # (every ActorStats field has its column in the status block)
         row.update(duplicated=c.duplicated, reordered=c.reordered, delayed=c.delayed, dropped_steps=c.dropped_steps,
                    kills=c.kills, hangs=c.hangs, first_step=self.actor.first_step_t or 0.0)

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..actor import Actor
+from ..actor import Actor, run_delay_s
 from ..chaos import ChaosChannel, kinds_for
 from ..config import Config
 from ..fragment import Fragment, FragmentId
@@ -127,6 +127,7 @@ class RolloutWorker:
         self.hang_next = False
         self.killed = False
         self.cpu0 = time.process_time()  # (the worker's CPU before: Ray's start, imports, envs)
+        self.wait0 = run_delay_s()  # (the thread that runs the calls)
 
     def ready(self) -> str:
         """Answers once the worker is constructed (its env made): the learner's start-up check. Returns the
@@ -194,6 +195,7 @@ class RolloutWorker:
 
     def _stats(self) -> Dict[str, Any]:
         self.actor.stats.cpu_s = time.process_time() - self.cpu0  # the whole worker process, as the process runner
+        self.actor.stats.cpu_wait_s = run_delay_s() - self.wait0
         return asdict(self.actor.stats)
 
     def _hang_if_scripted(self) -> None:
