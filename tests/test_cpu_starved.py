@@ -52,7 +52,7 @@ def _busy(n):
 
 def _run(tmp, name, *ovs):
     d = tmp / name
-    p = subprocess.run([sys.executable, "train.py", "total_env_steps=6000", "actors=2", *ovs, *QUIET,
+    p = subprocess.run([sys.executable, "train.py", "total_env_steps=10000", "actors=2", *ovs, *QUIET,
                         f"hydra.run.dir={d}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     return d, json.loads((d / "summary.json").read_text()), p.stdout + p.stderr
@@ -72,7 +72,7 @@ def test_busy_processes_of_the_session_starve_nice_actors_and_the_run_says_so(tm
             h.wait()
     c = s["cpu"]
     # measured, not assumed: the actors' waits for a CPU dwarf their CPU time (a broken reading gives 0 or noise)
-    assert c["actors_wait_s"] > 10 * c["actors_cpu_s"] > 0, c
+    assert c["actors_wait_s"] > 5 * c["actors_cpu_s"] > 0, c
     assert c["starved"] and c["actor_nice"] == 19 and c["learner_wait_frac"] >= STARVED_IDLE, c
     assert "waited for a CPU" in out and "runner.actor_nice=0" in out
     f = next(f for f in diagnose(d)["findings"] if f["rule"] == "cpu")

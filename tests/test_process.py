@@ -336,21 +336,25 @@ def test_an_actors_cpu_is_its_whole_process_since_its_loop_started(monkeypatch):
     from laglab.chaos import ChaosCounts
     from laglab.runners import process_actor, ray_actor
 
-    clock = {"cpu": 10.0}
+    clock = {"cpu": 10.0, "wait": 1.0}
     monkeypatch.setattr(time, "process_time", lambda: clock["cpu"])
+    # (the waits for a CPU likewise: the kernel's run delay since the loop started)
+    monkeypatch.setattr(process_actor, "run_delay_s", lambda: clock["wait"])
+    monkeypatch.setattr(ray_actor, "run_delay_s", lambda: clock["wait"])
     rows = {}
     status = types.SimpleNamespace(set=lambda actor, **row: rows.update(row))
     loop = object.__new__(process_actor._Loop)
     loop.actor = types.SimpleNamespace(stats=ActorStats(cpu_s=0.25), first_step_t=None)  # (0.25: a rollout's thread)
     loop.ch = types.SimpleNamespace(counts=ChaosCounts())
-    loop.status, loop.actor_id, loop.cpu0 = status, 0, 7.5
-    clock["cpu"] = 11.0
+    loop.status, loop.actor_id, loop.cpu0, loop.wait0 = status, 0, 7.5, 0.5
+    clock["cpu"], clock["wait"] = 11.0, 2.25
     loop.publish_stats()
     assert rows["cpu_s"] == pytest.approx(3.5) and loop.actor.stats.cpu_s == pytest.approx(3.5)
+    assert rows["cpu_wait_s"] == pytest.approx(1.75)
     w = object.__new__(ray_actor.RolloutWorker)
-    w.actor, w.cpu0 = types.SimpleNamespace(stats=ActorStats(cpu_s=0.25)), 2.0
+    w.actor, w.cpu0, w.wait0 = types.SimpleNamespace(stats=ActorStats(cpu_s=0.25)), 2.0, 1.0
     clock["cpu"] = 6.0
-    assert w._stats()["cpu_s"] == pytest.approx(4.0)
+    assert w._stats()["cpu_s"] == pytest.approx(4.0) and w._stats()["cpu_wait_s"] == pytest.approx(1.25)
 
 
 def test_every_actor_stat_crosses_the_status_block(tmp_path):
@@ -371,12 +375,13 @@ def test_every_actor_stat_crosses_the_status_block(tmp_path):
         loop.actor = types.SimpleNamespace(stats=ActorStats(**values), first_step_t=None)
         loop.ch = types.SimpleNamespace(counts=ChaosCounts())
         loop.status, loop.actor_id, loop.cpu0 = block, 1, time.process_time() + 1e6  # (cpu_s is measured: negative)
+        loop.wait0 = 1e6  # (cpu_wait_s too)
         loop.publish_stats()
         runner = object.__new__(process._Runner)
         runner.status, runner.slots = block, [types.SimpleNamespace(actor_id=1, stats=None)]
         got = runner.actor_stats()[1]
         for f in dataclasses.fields(ActorStats):
-            want = loop.actor.stats.cpu_s if f.name == "cpu_s" else values[f.name]
+            want = getattr(loop.actor.stats, f.name) if f.name in ("cpu_s", "cpu_wait_s") else values[f.name]
             assert getattr(got, f.name) == pytest.approx(want) and type(getattr(got, f.name)) is type(f.default), f.name
         block.set(1, loads=0)
         assert runner.actor_stats()[1].version == -1  # (no snapshot loaded yet)
