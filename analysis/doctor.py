@@ -519,7 +519,7 @@ def rule_cpu(r: Run) -> Finding:
     c = r.summary.get("cpu") or {}
     if not c or c.get("actors_wait_frac") is None:
         return Finding("cpu", "ok", "CPU for the actors", "not measured (runner=sync or thread, a kernel without "
-                       "schedstat, or a run from before 2026-12-06)")
+                       "schedstat, or a run of an older laglab)")
     idle = c.get("learner_wait_frac")
     ev = (f"the actors waited for a CPU {c['actors_wait_frac']:.0%} of the time they were ready to run "
           f"({c.get('actors_wait_s', 0):,.1f} s, against {c.get('actors_cpu_s', 0):,.1f} s of CPU)"

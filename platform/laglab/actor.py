@@ -55,7 +55,8 @@ class ActorStats:
     cpu_s: float = 0.0  # CPU seconds: the actor's whole process (process and Ray runners: rollouts, sends, snapshot
     # loads, polling) or, in-process (sync, thread), its own thread's time in rollouts
     cpu_wait_s: float = 0.0  # seconds the actor's process was ready to run and waited for a CPU (process and Ray
-    # runners, Linux: the kernel's run delay, /proc/self/schedstat; 0 where the kernel does not say)
+    # runners, Linux: the kernel's run delay of the thread that runs the rollouts, /proc/thread-self/schedstat; 0
+    # where the kernel does not say)
 
 
 def run_delay_s() -> float:

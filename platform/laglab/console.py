@@ -263,9 +263,9 @@ def starved_text(frac: float, learner_wait_frac: float, runner: str, nice: int) 
     """What the console, the footer and the doctor say about starved actors, and what to do about it."""
     why = (f"the actors run at nice {nice} (runner.actor_nice) and get only what other processes of this session "
            "leave them (where Linux groups processes by session, its default on most distributions, a busy "
-           "process in another terminal takes less); runner.actor_nice=0 makes them compete fairly (2 busy processes on 2 CPUs, measured: 29k "
-           "instead of 1.2k SPS), or free the CPUs") if runner == "process" and nice > 0 else \
-        "free the CPUs, or run fewer actors"
+           "process in another terminal takes less); runner.actor_nice=0 makes them compete fairly (2 busy "
+           "processes on 2 CPUs, measured: 29k instead of 1.2k SPS), or free the CPUs") \
+        if runner == "process" and nice > 0 else "free the CPUs, or run fewer actors"
     return (f"the actors waited for a CPU {frac:.0%} of the time they were ready to run, and the learner for data "
             f"{learner_wait_frac:.0%} of its time: other processes have the CPUs; {why}")
 
