@@ -16,7 +16,8 @@ The cells past ~32 actors on two CPUs are CPU-bound: their SPS is proportional t
 which on this VM moved 1.6x within minutes for the same code and cell (60-73 us in one run, 99-123 us twenty minutes
 later, the night of 2026-12-05). So the table also prints each cell's CPU per env step and, as a diagnosis (not a validation),
 the model's error when fed each run's own measured costs: what is left of the error once the machine's drift
-between the calibration runs and the cell is taken out. ``--reanalyze DIR`` rebuilds the table of an earlier run.
+between the calibration runs and the cell is taken out (it writes each run's ``own_costs.json``). ``--reanalyze DIR``
+rebuilds the table of an earlier run (give it the run's ``--actors``, ``--latencies`` and ``--runner``).
 
 Steady-state SPS, measured: transitions trained per second over the middle half of the run's updates (the update a
 quarter of the way through to the one three quarters through; metrics.parquet), so neither the actors' start (which
@@ -148,7 +149,7 @@ def main() -> int:
                 reals[f"{lat}/{n}"].append(train(d, overrides(n, lat, a.runner)))
                 dirs[f"{lat}/{n}"].append(d)
                 print(json.dumps({"cell": f"{lat}/{n}", "repeat": r, **reals[f"{lat}/{n}"][-1]}), flush=True)
-    cal_cpu = [measure(d)["cpu_us"] for d in sorted(out.glob("calibrate_a*"))]
+    cal_cpu = [measure(d)["cpu_us"] for d in sorted(out.glob("calibrate_a*"), key=lambda d: int(d.name[11:]))]
     print(f"the calibration runs' actors: {', '.join(f'{x:.0f}' for x in cal_cpu)} us of CPU per env step")
     rows = []
     for lat, n in cells:

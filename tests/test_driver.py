@@ -99,7 +99,7 @@ def cfg_of(**over) -> Config:
 @pytest.fixture
 def clock(monkeypatch):
     c = Clock()
-    monkeypatch.setattr(drv, "time", SimpleNamespace(perf_counter=c, monotonic=c))
+    monkeypatch.setattr(drv, "time", SimpleNamespace(perf_counter=c, monotonic=c, process_time=c))
     monkeypatch.setattr(timeline, "_marks", dict(timeline._marks))  # (the driver marks first fragment / update)
     return c
 

@@ -240,23 +240,37 @@ def to_log_file(*names: str) -> Iterator[None]:
 
 # ---- starved actors ---------------------------------------------------------------------------------------
 STARVED_WAIT = 0.9  # the actors waited for a CPU at least this share of the time they were ready to run ...
-STARVED_IDLE = 0.5  # ... while the learner waited for data at least this share of its time: the cores went elsewhere
+STARVED_IDLE = 0.5  # ... while the learner waited for data at least this share of its time ...
+STARVED_OWN = 0.5  # ... and the run itself (learner and actors) used under this share of the CPUs: others had them
 
 
-def cpu_starved(actors_cpu_s: float, actors_wait_s: float, learner_wait_frac: Optional[float]) -> Optional[float]:
+def cpu_starved(actors_cpu_s: float, actors_wait_s: float, learner_wait_frac: Optional[float],
+                own_share: Optional[float]) -> Optional[float]:
     """The share of their ready time the actors spent waiting for a CPU, when it says that other processes took
-    the cores: the actors waited >= ``STARVED_WAIT`` of it while the learner waited for data >= ``STARVED_IDLE``
-    of its time (neither the actors nor the learner had the CPUs). None otherwise, or without the figures (the
-    run delay is measured for process and Ray actors on Linux). Measured on 2 CPUs (benchmarks/actor_nice.py): a
-    quiet run's two nice-19 actors wait 0.3-0.5 of it (the learner preempts them, as it should); beside two busy
-    processes of the same session 0.99 at nice 19 (20x slower than sync) and 0.91 at nice 10, 0.6 at nice 0; beside
-    two busy processes of other sessions ~0.83 at any niceness (Linux shares the CPUs between sessions first:
-    the run has its share, and no setting of its own buys more), which is not flagged."""
+    the CPUs: the actors waited >= ``STARVED_WAIT`` of it while the learner waited for data >= ``STARVED_IDLE`` of
+    its time and the run's own processes (the learner and the actors) used under ``STARVED_OWN`` of the CPUs this
+    process may use (``own_share``: their CPU seconds over wall seconds x CPUs). None otherwise, or without the
+    figures (the run delay is measured for process and Ray actors on Linux). Measured on 2 CPUs
+    (benchmarks/actor_nice.py): a quiet run's two nice-19 actors wait 0.3-0.5 of it (the learner preempts them, as
+    it should); beside two busy processes of the same session 0.99 at nice 19 (20x slower than sync; the run used
+    ~3% of the CPUs) and 0.91 at nice 10, 0.6 at nice 0; beside two busy processes of other sessions ~0.83 at any
+    niceness (Linux shares the CPUs between sessions first: the run has its share, and no setting of its own buys
+    more), which is not flagged; 64 latency-env actors on 2 CPUs wait 0.93-0.95 with the learner idle 0.7 of its
+    time, but for each other (the run used all the CPUs): not flagged either."""
     ready = actors_cpu_s + actors_wait_s
-    if learner_wait_frac is None or ready <= 0 or actors_wait_s <= 0:
+    if learner_wait_frac is None or own_share is None or ready <= 0 or actors_wait_s <= 0:
         return None
     frac = actors_wait_s / ready
-    return frac if frac >= STARVED_WAIT and learner_wait_frac >= STARVED_IDLE else None
+    starved = frac >= STARVED_WAIT and learner_wait_frac >= STARVED_IDLE and own_share < STARVED_OWN
+    return frac if starved else None
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may use (its affinity)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def starved_text(frac: float, learner_wait_frac: float, runner: str, nice: int) -> str:
@@ -264,7 +278,7 @@ def starved_text(frac: float, learner_wait_frac: float, runner: str, nice: int) 
     why = (f"the actors run at nice {nice} (runner.actor_nice) and get only what other processes of this session "
            "leave them (where Linux groups processes by session, its default on most distributions, a busy "
            "process in another terminal takes less); runner.actor_nice=0 makes them compete fairly (2 busy "
-           "processes on 2 CPUs, measured: 29k instead of 1.2k SPS), or free the CPUs") \
+           "processes on 2 CPUs, measured: 26k instead of 1.1k SPS), or free the CPUs") \
         if runner == "process" and nice > 0 else "free the CPUs, or run fewer actors"
     return (f"the actors waited for a CPU {frac:.0%} of the time they were ready to run, and the learner for data "
             f"{learner_wait_frac:.0%} of its time: other processes have the CPUs; {why}")

@@ -18,7 +18,7 @@ from .checks import check_resume, env_spec, prestart, resume_checkpoint  # noqa:
 from .learner import INCARNATION_MARK, Learner
 from .shm import sweep_stale
 from . import runners, timeline
-from .console import cpu_starved, footer
+from .console import footer
 from .tracking import Tracker
 
 log = logging.getLogger("laglab")
@@ -138,26 +138,6 @@ def descendants(stats: Dict[int, Tuple[int, int]], root: int) -> set:
                 mine.add(pid)
                 frontier.append(pid)
     return mine
-
-
-def cpu_block(cfg, stats, last_row) -> Optional[Dict[str, object]]:
-    """summary.json's ``cpu``: the actors' CPU seconds and their waits for a CPU (process and Ray runners, where
-    each actor is a process and the kernel's run delay is read), the learner's share of its time spent waiting
-    for data, and whether that says other processes starved the actors (``console.cpu_starved``); null for the
-    in-process runners or where the kernel gave no run delay."""
-    if cfg.runner.name.value not in ("process", "ray") or not stats:
-        return None
-    cpu = sum(s.cpu_s for s in stats.values())
-    wait = sum(s.cpu_wait_s for s in stats.values())
-    if wait <= 0:
-        return None
-    idle = last_row.get("learner/wait_frac")
-    idle = float(idle) if idle is not None else None
-    frac = wait / (cpu + wait) if cpu + wait > 0 else None
-    return {"actors_cpu_s": round(cpu, 3), "actors_wait_s": round(wait, 3), "actors_wait_frac": frac,
-            "learner_wait_frac": idle, "actor_nice": int(getattr(cfg.runner, "actor_nice", 0) or 0)
-            if cfg.runner.name.value == "process" else 0,
-            "starved": cpu_starved(cpu, wait, idle) is not None}
 
 
 def host_load_over(start: Optional[Tuple[int, int, int]]) -> Dict[str, Any]:
@@ -288,12 +268,11 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
         if error:
             summary["error"] = error
         summary["startup"] = timeline.startup()
-        for key in ("transport", "chaos", "actor_restarts"):
+        for key in ("transport", "chaos", "actor_restarts", "cpu"):
             if key in result:
                 summary[key] = result[key]
         if "actor_stats" in result:
             summary["actors_stats"] = {str(i): vars(s) for i, s in sorted(result["actor_stats"].items())}
-            summary["cpu"] = cpu_block(cfg, result["actor_stats"], tracker.rows[-1] if tracker.rows else {})
         if cfg.learner.checkpoint:
             try:
                 summary["checkpoint"] = str(learner.save_checkpoint(run_dir / "checkpoints" / "final.pt", env_steps))

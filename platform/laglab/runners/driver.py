@@ -12,7 +12,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from .. import timeline
-from ..console import cpu_starved, starved_text
+from ..console import cpu_starved, starved_text, usable_cpus
 from ..accounting import Balance, Budget, Ledger, merged
 from ..actor import ActorStats
 from ..admission import Admission
@@ -73,7 +73,9 @@ class LearnerDriver:
         self._offer_s = 0.0  # since the last update
         self.compute_s = 0.0
         self.stalls = 0
-        self._cpu_mark: Optional[Tuple[float, float, float, float]] = None  # (time, actors' CPU and CPU waits, our waits)
+        self._cpu_first: Optional[Tuple[float, ...]] = None  # the first update's CPU reading (see _cpu_reading)
+        self._cpu_mark: Optional[Tuple[float, ...]] = None  # the last check's
+        self.offer_total = 0.0  # the learner's time taking fragments in, over the run
         self.cpu_warned = False  # starved actors were reported (see _watch_cpu)
         # actor.fixed_lag=k: actors get the snapshot k publications behind the newest (with the newest credits)
         self._history = collections.deque([learner.snapshot()], maxlen=(cfg.actor.fixed_lag or 0) + 1)
@@ -186,6 +188,7 @@ class LearnerDriver:
         m["learner/wait_s"] = wait
         m["learner/compute_s"] = compute
         m["learner/offer_s"] = self._offer_s
+        self.offer_total += self._offer_s
         self._offer_s = 0.0
         m["learner/wait_frac"] = self.wait_s / max(self.wait_s + self.compute_s, 1e-9)
         m["learner/updates_per_s"] = self.learner.updates / max(self.tracker.wall(), 1e-9)
@@ -214,27 +217,61 @@ class LearnerDriver:
 
     CPU_WINDOW_S = 5.0  # starved actors are judged on windows at least this long (from one update to a later one)
 
+    def _cpu_reading(self, stats: Mapping[int, ActorStats]) -> Tuple[float, ...]:
+        """(time, the actors' CPU seconds and CPU waits, the learner's waits for data less its time taking
+        fragments in, this process's CPU seconds), cumulative."""
+        return (time.perf_counter(), sum(getattr(s, "cpu_s", 0.0) for s in stats.values()),
+                sum(getattr(s, "cpu_wait_s", 0.0) for s in stats.values()), self.wait_s - self.offer_total,
+                time.process_time())
+
+    def _cpu_window(self, a: Tuple[float, ...], b: Tuple[float, ...]) -> Optional[Dict[str, float]]:
+        """What happened between two readings; None when an actor's counters went back (a restarted actor
+        counts from 0) or there is no span."""
+        span = b[0] - a[0]
+        cpu, wait, idle, own = (y - x for x, y in zip(a[1:], b[1:]))
+        if span <= 0 or cpu < 0 or wait < 0:
+            return None
+        # the run's own share of the CPUs it may use; unknown for a Ray cluster (actors on other hosts' CPUs)
+        local = self.cfg.runner.name.value != "ray" or getattr(self.cfg.runner, "address", None) in (None, "", "local")
+        return {"span_s": span, "actors_cpu_s": cpu, "actors_wait_s": wait, "learner_wait_frac": idle / span,
+                "learner_cpu_s": own, "run_cpu_share": (cpu + own) / (span * usable_cpus()) if local else None}
+
     def _watch_cpu(self, stats: Mapping[int, ActorStats]) -> None:
         """Say once, while it happens, when other processes starve the actors of CPU (console.cpu_starved: the
-        actors waited for a core most of the time they were ready to run while the learner waited for data)."""
-        if self.cpu_warned or not stats:
+        actors waited for a core most of the time they were ready to run while the learner waited for data and
+        the run itself used under half of the CPUs)."""
+        if not stats:
             return
-        now = time.perf_counter()
-        mark = (now, sum(getattr(s, "cpu_s", 0.0) for s in stats.values()),
-                sum(getattr(s, "cpu_wait_s", 0.0) for s in stats.values()), self.wait_s)
-        if self._cpu_mark is None:
-            self._cpu_mark = mark
+        mark = self._cpu_reading(stats)
+        if self._cpu_first is None:
+            self._cpu_first = self._cpu_mark = mark
             return
-        span = now - self._cpu_mark[0]
-        if span < self.CPU_WINDOW_S:
+        if self.cpu_warned or mark[0] - self._cpu_mark[0] < self.CPU_WINDOW_S:
             return
-        cpu, wait, idle = (b - a for a, b in zip(self._cpu_mark[1:], mark[1:]))
+        w = self._cpu_window(self._cpu_mark, mark)
         self._cpu_mark = mark
-        frac = cpu_starved(cpu, wait, idle / span)
+        frac = cpu_starved(w["actors_cpu_s"], w["actors_wait_s"], w["learner_wait_frac"], w["run_cpu_share"]) \
+            if w else None
         if frac is not None:
             self.cpu_warned = True
-            log.warning("laglab: %s", starved_text(frac, idle / span, self.cfg.runner.name.value,
+            log.warning("laglab: %s", starved_text(frac, w["learner_wait_frac"], self.cfg.runner.name.value,
                                                   int(getattr(self.cfg.runner, "actor_nice", 0) or 0)))
+
+    def cpu_summary(self) -> Optional[Dict[str, object]]:
+        """summary.json's ``cpu``, judged as the live check judges a window, over the run from its first update
+        to now (process and Ray runners; null where no actor measured a wait for a CPU, or an actor restarted)."""
+        if self.cfg.runner.name.value not in ("process", "ray") or self._cpu_first is None:
+            return None
+        stats = self.actors()
+        w = self._cpu_window(self._cpu_first, self._cpu_reading(stats)) if stats else None
+        if not w or w["actors_wait_s"] <= 0:
+            return None
+        cpu, wait = w["actors_cpu_s"], w["actors_wait_s"]
+        return {**{k: round(v, 4) if isinstance(v, float) else v for k, v in w.items()},
+                "actors_wait_frac": wait / (cpu + wait),
+                "actor_nice": int(getattr(self.cfg.runner, "actor_nice", 0) or 0)
+                if self.cfg.runner.name.value == "process" else 0,
+                "starved": cpu_starved(cpu, wait, w["learner_wait_frac"], w["run_cpu_share"]) is not None}
 
     def _publish(self, sync: bool = False) -> None:
         """Publish the learner's policy. The actors get it, or under ``actor.fixed_lag=k`` the snapshot k
@@ -278,7 +315,7 @@ class LearnerDriver:
         chaos = dict(chaos)
         chaos["stalls"] = self.stalls
         # ``actors`` stays the actor count in summary.json; restarts get their own key
-        return {"transport": t, "chaos": chaos, "actor_restarts": restarts}
+        return {"transport": t, "chaos": chaos, "actor_restarts": restarts, "cpu": self.cpu_summary()}
 
 
 def serve(queue, driver: LearnerDriver, supervise: Callable[[], bool], grant: Callable[[Dict[int, int]], None],
