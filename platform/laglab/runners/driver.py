@@ -262,7 +262,10 @@ class LearnerDriver:
         to now (process and Ray runners; null where no actor measured a wait for a CPU, or an actor restarted)."""
         if self.cfg.runner.name.value not in ("process", "ray") or self._cpu_first is None:
             return None
-        stats = self.actors()
+        try:  # (a failed or interrupted run's books are read once its runner has released the actors' stats)
+            stats = self.actors()
+        except Exception:  # noqa: BLE001 - the figure is left out; the books must still be written
+            return None
         w = self._cpu_window(self._cpu_first, self._cpu_reading(stats)) if stats else None
         if not w or w["actors_wait_s"] <= 0:
             return None
