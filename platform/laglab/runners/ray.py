@@ -563,8 +563,9 @@ class _Runner:
         try:
             serve(self.queue, self.driver, self.supervise, self.grant, self.cfg)
         except BaseException as e:
-            e.laglab_books = lambda: self.driver.summary(self.driver.close(), self.intensity.total,
-                                                         self.chaos.as_dict())
+            cpu = self.driver.cpu_summary()  # (now: the actors' stats are released before the books are read)
+            e.laglab_books = lambda: {**self.driver.summary(self.driver.close(), self.intensity.total,
+                                                            self.chaos.as_dict()), "cpu": cpu}
             raise
         finally:
             self.stopping.set()
