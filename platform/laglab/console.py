@@ -265,14 +265,6 @@ def cpu_starved(actors_cpu_s: float, actors_wait_s: float, learner_wait_frac: Op
     return frac if starved else None
 
 
-def usable_cpus() -> int:
-    """The CPUs this process may use (its affinity)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def starved_text(frac: float, learner_wait_frac: float, runner: str, nice: int) -> str:
     """What the console, the footer and the doctor say about starved actors, and what to do about it."""
     why = (f"the actors run at nice {nice} (runner.actor_nice) and get only what other processes of this session "

@@ -12,11 +12,11 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from .. import timeline
-from ..console import cpu_starved, starved_text, usable_cpus
+from ..console import cpu_starved, starved_text
 from ..accounting import Balance, Budget, Ledger, merged
 from ..actor import ActorStats
 from ..admission import Admission
-from ..config import Config
+from ..config import Config, usable_cpus
 from ..fragment import Fragment
 from ..config import batch_fragments
 from ..learner import Learner, lag_ok
@@ -242,12 +242,12 @@ class LearnerDriver:
         the run itself used under half of the CPUs)."""
         if not stats:
             return
-        mark = self._cpu_reading(stats)
         if self._cpu_first is None:
-            self._cpu_first = self._cpu_mark = mark
+            self._cpu_first = self._cpu_mark = self._cpu_reading(stats)
             return
-        if self.cpu_warned or mark[0] - self._cpu_mark[0] < self.CPU_WINDOW_S:
-            return
+        if self.cpu_warned or time.perf_counter() - self._cpu_mark[0] < self.CPU_WINDOW_S:
+            return  # (nothing is read between checks)
+        mark = self._cpu_reading(stats)
         w = self._cpu_window(self._cpu_mark, mark)
         self._cpu_mark = mark
         frac = cpu_starved(w["actors_cpu_s"], w["actors_wait_s"], w["learner_wait_frac"], w["run_cpu_share"]) \
@@ -255,7 +255,11 @@ class LearnerDriver:
         if frac is not None:
             self.cpu_warned = True
             log.warning("laglab: %s", starved_text(frac, w["learner_wait_frac"], self.cfg.runner.name.value,
-                                                  int(getattr(self.cfg.runner, "actor_nice", 0) or 0)))
+                                                  self._actor_nice()))
+
+    def _actor_nice(self) -> int:
+        """The niceness the actors run at: runner.actor_nice for process actors; Ray workers are not niced."""
+        return int(self.cfg.runner.actor_nice) if self.cfg.runner.name.value == "process" else 0
 
     def cpu_summary(self) -> Optional[Dict[str, object]]:
         """summary.json's ``cpu``, judged as the live check judges a window, over the run from its first update
@@ -272,8 +276,7 @@ class LearnerDriver:
         cpu, wait = w["actors_cpu_s"], w["actors_wait_s"]
         return {**{k: round(v, 4) if isinstance(v, float) else v for k, v in w.items()},
                 "actors_wait_frac": wait / (cpu + wait),
-                "actor_nice": int(getattr(self.cfg.runner, "actor_nice", 0) or 0)
-                if self.cfg.runner.name.value == "process" else 0,
+                "actor_nice": self._actor_nice(),
                 "starved": cpu_starved(cpu, wait, w["learner_wait_frac"], w["run_cpu_share"]) is not None}
 
     def _publish(self, sync: bool = False) -> None:
