@@ -524,12 +524,16 @@ def rule_cpu(r: Run) -> Finding:
     ev = (f"the actors waited for a CPU {c['actors_wait_frac']:.0%} of the time they were ready to run "
           f"({c.get('actors_wait_s', 0):,.1f} s, against {c.get('actors_cpu_s', 0):,.1f} s of CPU)"
           + (f"; the learner waited for data {idle:.0%} of its time" if idle is not None else ""))
+    runner, nice, raised = str(r.summary.get("runner")), int(c.get("actor_nice") or 0), c.get("raised") or {}
+    if raised and not raised.get("refused"):  # starved, and the run raised the actors' priority itself
+        return Finding("cpu", "watch", "CPU for the actors", ev, ["runner.actor_nice=0"],
+                       starved_text(float(raised.get("wait_frac") or 0), idle if idle is not None else 1.0, runner,
+                                    nice, raised))
     if not c.get("starved"):
         return Finding("cpu", "ok", "CPU for the actors", ev)
-    runner, nice = str(r.summary.get("runner")), int(c.get("actor_nice") or 0)
     ov = ["runner.actor_nice=0"] if runner == "process" and nice > 0 else []
     return Finding("cpu", "act", "CPU for the actors", ev, ov,
-                   starved_text(c["actors_wait_frac"], idle if idle is not None else 1.0, runner, nice))
+                   starved_text(c["actors_wait_frac"], idle if idle is not None else 1.0, runner, nice, raised))
 
 
 RULES: List[Callable[[Run], Finding]] = [rule_kl, rule_loss, rule_lagging_worker, rule_parameter_wait,

@@ -2,7 +2,8 @@
 recipe: one env, 2,048-step rollouts, 10 epochs x 32 minibatches, 64-64 tanh actor and critic, normalized
 and clipped observations and rewards, one Python process) against laglab's default preset for the same env
 on the same budget, in one invocation. Prints SPS, the wall clock that SPS means per 1M env steps, and the
-ratio, so the "at most half CleanRL's wall clock" goal is checked without a half-hour peer run.
+ratio, so issue 18's "at most a quarter of CleanRL's wall clock per 1M steps" goal (an earlier round's: at most half)
+is checked without running CleanRL itself.
 
     python benchmarks/mujoco.py [--env HalfCheetah-v5] [--preset halfcheetah] [--steps 50000] [--runners process thread]
 

@@ -3,7 +3,7 @@ cell *before* running them, then run each cell for real (process runner, env=lat
 machine can hold many) and print predicted vs measured steady-state SPS, mean lag and p95 lag, and the worst error.
 
     python benchmarks/sim_validate.py [--actors 1,2,4,8,16,32,64] [--latencies uniform,hetero] [--repeats 3]
-                                      [--runner process|ray] [--out DIR]
+                                      [--runner process|ray] [--calibrate-every once|repeat|cell] [--out DIR]
 
 Each cell runs ``--repeats`` times (every cell once, then again: interleaved) and is compared with the median;
 the measured spread (min..max) is printed beside it: at many actors on two cores, real runs of one cell differ
@@ -18,6 +18,11 @@ later, the night of 2026-12-05). So the table also prints each cell's CPU per en
 the model's error when fed each run's own measured costs: what is left of the error once the machine's drift
 between the calibration runs and the cell is taken out (it writes each run's ``own_costs.json``). ``--reanalyze DIR``
 rebuilds the table of an earlier run (give it the run's ``--actors``, ``--latencies`` and ``--runner``).
+
+``--calibrate-every cell`` takes the drift out of the validation itself, still a priori: right before each cell
+run, the calibration runs again and the model predicts that run from them (written to ``predictions.json`` before
+the run starts); the table then prints the calibration's CPU per env step beside the cell's. ``repeat`` calibrates
+once per repeat, before that repeat's predictions. ``once`` (the default) is the protocol of 2026-12-03..05.
 
 Steady-state SPS, measured: transitions trained per second over the middle half of the run's updates (the update a
 quarter of the way through to the one three quarters through; metrics.parquet), so neither the actors' start (which
@@ -104,11 +109,40 @@ def predict(ovs: List[str], costs: Path) -> Dict[str, float]:
     return json.loads(p.stdout)
 
 
+def calibrate(dirs: List[Path], counts: List[int], runner: str, costs: Path) -> Path:
+    """Run the calibration runs (uniform latency, ``counts`` actors) into ``dirs`` and write the costs the model
+    takes from them (laglab.sim --calibrate) to ``costs``."""
+    for d, n in zip(dirs, counts):
+        train(d, overrides(n, "uniform", runner))
+    p = subprocess.run([sys.executable, "-m", "laglab.sim", "--calibrate", *map(str, dirs)], cwd=ROOT,
+                       capture_output=True, text=True, check=True)
+    costs.write_text(p.stdout)
+    return costs
+
+
+def calibration_dirs(out: Path, every: str, counts: List[int], r: int, cell: str = "") -> List[Path]:
+    """Where a calibration's runs go: ``calibrate_a<n>`` (once), ``calibrate_r<r>_a<n>`` (every repeat), or inside
+    the cell's directory, ``<cell>/cal<r>_a<n>`` (every cell run)."""
+    if every == "once":
+        return [out / f"calibrate_a{n}" for n in counts]
+    if every == "repeat":
+        return [out / f"calibrate_r{r}_a{n}" for n in counts]
+    return [out / cell / f"cal{r}_a{n}" for n in counts]
+
+
+def cell_dir(lat: str, n: int) -> str:
+    return f"{lat}_a{n}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--actors", default="1,2,4,8,16,32,64")
     ap.add_argument("--latencies", default="uniform,hetero")
     ap.add_argument("--calibrate-on", default="2,8", help="actor counts of the calibration runs (uniform latency)")
+    ap.add_argument("--calibrate-every", default="once", choices=["once", "repeat", "cell"],
+                    help="once: one calibration before every prediction; repeat: a calibration before each repeat's "
+                         "predictions; cell: a calibration right before each cell run, predicted from it (this "
+                         "VM's speed moves within minutes: the model is then judged on costs of the same minutes)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--runner", default="process", choices=["process", "ray"],
                     help="ray: a local instance, runner.cpus_per_actor = cores / actors (at most 1); calibrated on "
@@ -119,59 +153,85 @@ def main() -> int:
                                                       "--runner as it ran)")
     a = ap.parse_args()
     cells = [(lat, n) for lat in a.latencies.split(",") for n in map(int, a.actors.split(","))]
+    counts = [int(n) for n in a.calibrate_on.split(",")]
     if a.reanalyze:
         out = Path(a.reanalyze)
-        costs = out / "costs.json"
-        preds = json.loads((out / "predictions.json").read_text())["predictions"]
-        reals: Dict[str, List[Dict[str, float]]] = {
-            f"{lat}/{n}": [measure(d) for d in sorted((out / f"{lat}_a{n}").glob("r*"))] for lat, n in cells}
-        dirs = {f"{lat}/{n}": sorted((out / f"{lat}_a{n}").glob("r*")) for lat, n in cells}
+        written = json.loads((out / "predictions.json").read_text())
+        every = written.get("calibrate_every", "once")
+        preds = {k: (v if isinstance(v, list) else [v]) for k, v in written["predictions"].items()}
+        dirs = {f"{lat}/{n}": sorted((out / cell_dir(lat, n)).glob("r*"), key=lambda d: int(d.name[1:]))
+                for lat, n in cells}
+        reals: Dict[str, List[Dict[str, float]]] = {k: [measure(d) for d in v] for k, v in dirs.items()}
     else:
+        every = a.calibrate_every
         out = Path(a.out or f"/tmp/sim_validate_{time.strftime('%Y%m%d_%H%M%S')}")
         out.mkdir(parents=True, exist_ok=True)
-        print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)", flush=True)
-        cal = [out / f"calibrate_a{n}" for n in map(int, a.calibrate_on.split(","))]
-        for d, n in zip(cal, map(int, a.calibrate_on.split(","))):
-            train(d, overrides(n, "uniform", a.runner))
-        p = subprocess.run([sys.executable, "-m", "laglab.sim", "--calibrate", *map(str, cal)], cwd=ROOT,
-                           capture_output=True, text=True, check=True)
-        costs = out / "costs.json"
-        costs.write_text(p.stdout)
-        print("costs:", p.stdout, flush=True)
-        preds = {f"{lat}/{n}": predict(overrides(n, lat, a.runner), costs) for lat, n in cells}
-        (out / "predictions.json").write_text(json.dumps({"written_at": time.time(), "predictions": preds}, indent=1))
-        print(f"predictions written to {out / 'predictions.json'} before any validation run", flush=True)
+        print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs); calibration: {every}",
+              flush=True)
+        preds = {f"{lat}/{n}": [] for lat, n in cells}
+        written = {"written_at": [], "calibrate_every": every, "predictions": preds}
+
+        def write_predictions(what: str) -> None:  # each prediction is on disk before the run it predicts starts
+            written["written_at"].append(time.time())
+            (out / "predictions.json").write_text(json.dumps(written, indent=1))
+            print(f"predictions for {what} written to {out / 'predictions.json'} before its runs", flush=True)
+
         reals = {f"{lat}/{n}": [] for lat, n in cells}
         dirs = {f"{lat}/{n}": [] for lat, n in cells}
+        costs = None
         for r in range(a.repeats):  # interleaved: the machine's drift spreads over every cell
+            if every == "once" and r == 0 or every == "repeat":
+                costs = calibrate(calibration_dirs(out, every, counts, r), counts, a.runner,
+                                  out / ("costs.json" if every == "once" else f"costs_r{r}.json"))
+                print("costs:", costs.read_text(), flush=True)
+                for lat, n in cells:
+                    preds[f"{lat}/{n}"].append(predict(overrides(n, lat, a.runner), costs))
+                write_predictions("every cell" if every == "once" else f"repeat {r}")
             for lat, n in cells:
-                d = out / f"{lat}_a{n}" / f"r{r}"
-                reals[f"{lat}/{n}"].append(train(d, overrides(n, lat, a.runner)))
-                dirs[f"{lat}/{n}"].append(d)
-                print(json.dumps({"cell": f"{lat}/{n}", "repeat": r, **reals[f"{lat}/{n}"][-1]}), flush=True)
-    cal_cpu = [measure(d)["cpu_us"] for d in sorted(out.glob("calibrate_a*"), key=lambda d: int(d.name[11:]))]
-    print(f"the calibration runs' actors: {', '.join(f'{x:.0f}' for x in cal_cpu)} us of CPU per env step")
+                key = f"{lat}/{n}"
+                if every == "once" and r > 0:
+                    preds[key].append(preds[key][0])
+                elif every == "cell":
+                    cell_costs = calibrate(calibration_dirs(out, every, counts, r, cell_dir(lat, n)), counts,
+                                           a.runner, out / cell_dir(lat, n) / f"costs_r{r}.json")
+                    preds[key].append(predict(overrides(n, lat, a.runner), cell_costs))
+                    write_predictions(f"{key} repeat {r}")
+                d = out / cell_dir(lat, n) / f"r{r}"
+                reals[key].append(train(d, overrides(n, lat, a.runner)))
+                dirs[key].append(d)
+                print(json.dumps({"cell": key, "repeat": r, **reals[key][-1],
+                                  "sps_pred": preds[key][-1]["sps_steady"]}), flush=True)
+    if every == "once":
+        cal_cpu = [measure(d)["cpu_us"] for d in calibration_dirs(out, every, counts, 0)]
+        print(f"the calibration runs' actors: {', '.join(f'{x:.0f}' for x in cal_cpu)} us of CPU per env step")
     rows = []
     for lat, n in cells:
         key = f"{lat}/{n}"
         runs = reals[key]
         real = {k: float(np.median([x[k] for x in runs])) for k in runs[0]}
-        pr = preds[key]
+        pr = {k: float(np.median([p[k] for p in preds[key][:len(runs)]])) for k in ("sps_steady", "lag_mean",
+                                                                                       "lag_p95")}
         sps = [x["sps_steady"] for x in runs]
         own = [own_costs_error(d, overrides(n, lat, a.runner), x["sps_steady"]) for d, x in zip(dirs[key], runs)]
-        rows.append({"latency": lat, "actors": n, "sps pred": pr["sps_steady"], "sps real": real["sps_steady"],
-                     "sps real min": min(sps), "sps real max": max(sps),
-                     "sps err": pr["sps_steady"] / real["sps_steady"] - 1, "lag pred": pr["lag_mean"],
-                     "lag real": real["lag_mean"], "lag err": pr["lag_mean"] / max(real["lag_mean"], 1e-9) - 1,
-                     "p95 pred": pr["lag_p95"], "p95 real": real["lag_p95"],
-                     "p95 diff": pr["lag_p95"] - real["lag_p95"],
-                     "cpu us/step": real["cpu_us"], "err at own costs": float(np.median(own))})
+        row = {"latency": lat, "actors": n, "sps pred": pr["sps_steady"], "sps real": real["sps_steady"],
+               "sps real min": min(sps), "sps real max": max(sps),
+               "sps err": pr["sps_steady"] / real["sps_steady"] - 1, "lag pred": pr["lag_mean"],
+               "lag real": real["lag_mean"], "lag err": pr["lag_mean"] / max(real["lag_mean"], 1e-9) - 1,
+               "p95 pred": pr["lag_p95"], "p95 real": real["lag_p95"],
+               "p95 diff": pr["lag_p95"] - real["lag_p95"], "cpu us/step": real["cpu_us"]}
+        if every != "once":  # the calibration's actors' CPU per env step beside the cell's: the drift it followed
+            cal = [measure(d)["cpu_us"] for r in range(len(runs))
+                   for d in calibration_dirs(out, every, counts, r, cell_dir(lat, n))]
+            row["cal cpu us/step"] = float(np.median(cal))
+        row["err at own costs"] = float(np.median(own))
+        rows.append(row)
     df = pd.DataFrame(rows)
     df.to_csv(out / "validation.csv", index=False)
     print()
     print(df.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     print(f"\nworst |SPS error| {np.abs(df['sps err']).max():.1%}; worst |mean-lag error| "
-          f"{np.abs(df['lag err']).max():.1%}; worst |p95 difference| {np.abs(df['p95 diff']).max():g} versions")
+          f"{np.abs(df['lag err']).max():.1%}; worst |p95 difference| {np.abs(df['p95 diff']).max():g} versions "
+          f"(calibration: {every})")
     print(f"(not a validation: fed each run's own measured costs, the model's worst |SPS error| is "
           f"{np.abs(df['err at own costs']).max():.1%}: what is left once the machine's drift between the calibration "
           "and the run is taken out; 'cpu us/step' is the cells' median actors' CPU per env step)")

@@ -67,19 +67,21 @@ def learner_bound(sync_run: Dict[str, object]) -> float:
 
 
 def cores() -> int:
-    """CPUs this process may use (its affinity, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+    """CPUs this process may use: what ``actors=auto`` counts (laglab.config.usable_cpus: the affinity, capped by a
+    cgroup's CPU quota), not the machine's count."""
+    if str(ROOT / "platform") not in sys.path:
+        sys.path.insert(0, str(ROOT / "platform"))  # (this checkout's laglab)
+    from laglab.config import usable_cpus
+
+    return usable_cpus()
 
 
 def ceiling(sync_sps: float, processes: int) -> float:
     """An estimate of the machine's limit for a run of ``processes`` busy processes (actors + learner): each core
     can do what the synchronous runner does on one core (it steps the envs and learns in one thread), so
     min(cores, processes) x sync SPS. An upper bound, not a promise: the learner is one serial thread, so a run
-    whose learning alone takes longer than its env stepping cannot reach it; cores are this process's affinity
-    (not the load, not a cgroup's quota), and every SPS includes the actors' start (not the process's imports)."""
+    whose learning alone takes longer than its env stepping cannot reach it; cores are this process's affinity capped
+    by a cgroup's quota (not the load), and every SPS includes the actors' start (not the process's imports)."""
     return min(cores(), processes) * sync_sps
 
 

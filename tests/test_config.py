@@ -81,6 +81,38 @@ def test_usable_cpus_honours_a_cgroup_cpu_quota(tmp_path, monkeypatch):
     assert lc.usable_cpus() == 64
 
 
+def test_cpu_quota_follows_the_process_cgroup_and_its_ancestors(tmp_path):
+    # no cgroup namespace: the process sits in a nested cgroup (a systemd slice with CPUQuota=200%, a pod) whose
+    # quota is on a parent, not on the mount's root; the smallest quota on the way up binds
+    import laglab.config as lc
+
+    root = tmp_path / "cg"
+    leaf = root / "user.slice" / "job.scope"
+    leaf.mkdir(parents=True)
+    (root / "cpu.max").write_text("max 100000\n")
+    (root / "user.slice" / "cpu.max").write_text("200000 100000\n")  # 2 CPUs on the parent
+    (leaf / "cpu.max").write_text("max 100000\n")
+    me = tmp_path / "cgroup"
+    me.write_text("0::/user.slice/job.scope\n")
+    files = lc.cgroup_quota_files(str(root), str(me))
+    assert files[:3] == tuple(str(p / "cpu.max") for p in (leaf, leaf.parent, root))
+    assert lc.cpu_quota(files) == 2
+    (leaf / "cpu.max").write_text("400000 100000\n")  # a looser quota below does not lift the parent's
+    assert lc.cpu_quota(files) == 2
+    (leaf / "cpu.max").write_text("100000 100000\n")  # a tighter one binds
+    assert lc.cpu_quota(files) == 1
+    # cgroup v1: the cpu controller's own path under its mount (cpu,cpuacct here)
+    v1 = tmp_path / "v1"
+    d = v1 / "cpu,cpuacct" / "docker" / "abc"
+    d.mkdir(parents=True)
+    (d / "cpu.cfs_quota_us").write_text("300000\n")
+    (d / "cpu.cfs_period_us").write_text("100000\n")
+    me.write_text("4:memory:/docker/abc\n2:cpu,cpuacct:/docker/abc\n")
+    assert lc.cpu_quota(lc.cgroup_quota_files(str(v1), str(me))) == 3
+    me.write_text("not a cgroup file")  # unreadable: the root's files, nothing found -> no quota
+    assert lc.cpu_quota(lc.cgroup_quota_files(str(tmp_path / "empty"), str(me))) is None
+
+
 def test_actors_auto_reads_the_affinity_not_the_machine(tmp_path):
     # one CPU by affinity (taskset, a cpuset, SLURM): a child process composes the default config
     code = ("import os, sys; os.sched_setaffinity(0, [sorted(os.sched_getaffinity(0))[0]]); "

@@ -1,12 +1,16 @@
 """Actors starved of CPU by other processes: the process runner's actors run at nice 19 so that the learner keeps
 its core, which also hands the cores to any busy process of the same session. A run measures its actors' waits for
 a CPU (the kernel's run delay), says so while it happens and in its footer and summary.json, and the doctor
-names the override. Real busy processes here, one per usable CPU, in this test's session (as a job started from
-the same shell): with them the default actors get ~1% of a CPU; at runner.actor_nice=0 they compete fairly."""
+names the override; where the OS lets it lower a niceness (root, CAP_SYS_NICE, RLIMIT_NICE) the process runner raises
+its starved actors to the learner's niceness itself. Real busy processes here, one per usable CPU, in this test's
+session (as a job started from the same shell): with them the default actors get ~1% of a CPU; at
+runner.actor_nice=0 (or once raised) they compete fairly."""
 import json
 import os
+import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +20,8 @@ from laglab.console import STARVED_IDLE, STARVED_OWN, STARVED_WAIT, cpu_starved,
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = ["tracking.wandb.mode=disabled", "tracking.console_every_s=1e9", "tracking.progress=false"]
 LINUX = sys.platform.startswith("linux") and os.path.exists("/proc/thread-self/schedstat")
+# lowering a process's niceness to 0 takes root (CAP_SYS_NICE) or an RLIMIT_NICE of 20
+CAN_RAISE = os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20
 
 
 def test_the_rule_needs_starved_actors_an_idle_learner_and_cpus_the_run_did_not_use():
@@ -50,6 +56,16 @@ def test_the_footer_says_it_only_for_a_starved_run():
     assert "waited for a CPU" not in footer(base, "/r")  # (runs from before the figure)
     ray = footer({**base, "runner": "ray", "cpu": {**cpu, "actor_nice": 0}}, "/r")  # Ray workers are not niced
     assert "waited for a CPU" in ray and "actor_nice" not in ray and "free the CPUs" in ray
+    # starved, then raised by the run itself: said even when the whole run no longer reads as starved
+    raised = {"at_s": 5.2, "wait_frac": 0.98, "from_nice": 19, "to_nice": 0, "refused": None}
+    text = footer({**base, "cpu": {**cpu, "starved": False, "actors_wait_frac": 0.4, "actor_nice": 0,
+                                   "raised": raised}}, "/r")
+    assert "waited for a CPU 98% of the time" in text and "raised them to nice 0" in text and "5.2 s" in text
+    assert "over the whole run they waited 40%" in text
+    # the OS refused: the remedy as before, and why the run could not apply it itself
+    refused = {**raised, "to_nice": None, "refused": "setpriority: Permission denied (...)"}
+    text = footer({**base, "cpu": {**cpu, "raised": refused}}, "/r")
+    assert "runner.actor_nice=0" in text and "could not raise them itself: setpriority: Permission denied" in text
 
 
 def _busy(n):
@@ -66,13 +82,26 @@ def _run(tmp, name, *ovs):
     return d, json.loads((d / "summary.json").read_text()), p.stdout + p.stderr
 
 
+def _rate(run_dir, t0, t1=None):
+    """Env steps per second from ``t0`` to ``t1`` seconds after the first update (to the last update if None;
+    metrics.parquet's update rows, the run's clock)."""
+    import pandas as pd
+
+    m = pd.read_parquet(run_dir / "metrics.parquet")[["wall_time", "env_steps"]].dropna()
+    t = m.wall_time - m.wall_time.iloc[0]
+    a = m[t <= t0].iloc[-1]
+    b = m[t >= t1].iloc[0] if t1 is not None else m.iloc[-1]
+    return (b.env_steps - a.env_steps) / (b.wall_time - a.wall_time)
+
+
 @pytest.mark.skipif(not LINUX, reason="the run delay is read from Linux's /proc/thread-self/schedstat")
 def test_busy_processes_of_the_session_starve_nice_actors_and_the_run_says_so(tmp_path):
     from analysis.doctor import diagnose
 
     hogs = _busy(len(os.sched_getaffinity(0)))
     try:
-        d, s, out = _run(tmp_path, "nice19")
+        # long enough that the starved window (>= 5 s from the first update, ~1k SPS) ends well before the budget
+        d, s, out = _run(tmp_path, "nice19", "total_env_steps=20000")
         _, fair, fair_out = _run(tmp_path, "nice0", "runner.actor_nice=0")
     finally:
         for h in hogs:
@@ -81,13 +110,22 @@ def test_busy_processes_of_the_session_starve_nice_actors_and_the_run_says_so(tm
     c = s["cpu"]
     if c is None:
         pytest.skip("this kernel accounts no run delay (/proc/thread-self/schedstat's second field stays 0)")
-    # measured, not assumed: the actors' waits for a CPU dwarf their CPU time (a broken reading gives 0 or noise)
-    assert c["actors_wait_s"] > 5 * c["actors_cpu_s"] > 0, c
-    assert c["starved"] and c["actor_nice"] == 19 and c["learner_wait_frac"] >= STARVED_IDLE, c
-    assert 0 < c["run_cpu_share"] < STARVED_OWN and c["learner_cpu_s"] > 0, c
     assert "waited for a CPU" in out and "runner.actor_nice=0" in out
     f = next(f for f in diagnose(d)["findings"] if f["rule"] == "cpu")
-    assert f["severity"] == "act" and f["overrides"] == ["runner.actor_nice=0"], f
+    assert f["overrides"] == ["runner.actor_nice=0"], f
+    r = c["raised"]
+    assert r is not None and r["from_nice"] == 19 and r["wait_frac"] >= STARVED_WAIT, c
+    if CAN_RAISE:  # the run raised its actors to the learner's niceness, and they then got their share
+        assert r["refused"] is None and r["to_nice"] == os.getpriority(os.PRIO_PROCESS, 0) == c["actor_nice"], c
+        assert "raised them to nice" in out and f["severity"] == "watch", (out[-2000:], f)
+        before, after = _rate(d, 0.0, r["at_s"]), _rate(d, r["at_s"])  # (measured: ~1.3k, then ~14k SPS)
+        assert after > 3 * before, (before, after)
+    else:  # refused: the actors stay starved for the whole run, measured, not assumed
+        assert r["refused"] and "could not raise them itself" in out, c
+        assert c["actors_wait_s"] > 5 * c["actors_cpu_s"] > 0, c
+        assert c["starved"] and c["actor_nice"] == 19 and c["learner_wait_frac"] >= STARVED_IDLE, c
+        assert 0 < c["run_cpu_share"] < STARVED_OWN and c["learner_cpu_s"] > 0, c
+        assert f["severity"] == "act", f
     # the same busy processes, actors at the learner's priority: they get their share and nothing is said
     assert not fair["cpu"]["starved"], fair["cpu"]
     assert "waited for a CPU" not in fair_out
@@ -103,3 +141,46 @@ def test_actors_that_oversubscribe_the_cpus_themselves_are_not_called_starved(tm
     c = s["cpu"]
     assert c["actors_wait_frac"] > 0.5 and c["run_cpu_share"] > STARVED_OWN, c
     assert not c["starved"] and "waited for a CPU" not in out, c
+
+
+def test_raise_actors_renices_every_thread_of_every_live_actor_or_says_why_not(monkeypatch):
+    # the process runner's half of it, on real processes: actor lives at nice 19 (one with a second thread),
+    # raised to this process's niceness; later lives start there; a refusal is returned, not raised
+    import dataclasses
+    import types
+
+    from laglab.config import validate
+    from laglab.runners.process import _Runner
+    from tests.test_config import _compose
+
+    cfg = validate(_compose("actors=2"))
+    assert cfg.runner.actor_nice == 19
+    code = ("import os, threading, time; os.nice(19); threading.Thread(target=time.sleep, args=(60,)).start(); "
+            "time.sleep(60)")
+    kids = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(2)]
+    try:
+        tasks = lambda p: [int(t) for t in os.listdir(f"/proc/{p.pid}/task")]  # noqa: E731
+        for p in kids:  # wait until both threads run at 19
+            for _ in range(500):
+                if len(tasks(p)) == 2 and all(os.getpriority(os.PRIO_PROCESS, t) == 19 for t in tasks(p)):
+                    break
+                time.sleep(0.01)
+        slots = [types.SimpleNamespace(child=types.SimpleNamespace(proc=p)) for p in kids]
+        slots.append(types.SimpleNamespace(child=None))  # a slot between two lives
+        runner = types.SimpleNamespace(cfg=cfg, slots=slots, child_cfg=cfg)
+        real = os.setpriority
+        monkeypatch.setattr(os, "setpriority", lambda *a: (_ for _ in ()).throw(PermissionError(1, "denied")))
+        why = _Runner.raise_actors(runner)
+        assert why and "denied" in why and runner.child_cfg is cfg
+        monkeypatch.setattr(os, "setpriority", real)
+        if not CAN_RAISE:
+            return
+        assert _Runner.raise_actors(runner) is None
+        me = os.getpriority(os.PRIO_PROCESS, 0)
+        assert [os.getpriority(os.PRIO_PROCESS, t) for p in kids for t in tasks(p)] == [me] * 4
+        assert runner.child_cfg.runner.actor_nice == 0
+        assert dataclasses.replace(runner.child_cfg, runner=cfg.runner) == cfg  # nothing else changed
+    finally:
+        for p in kids:
+            p.kill()
+            p.wait()

@@ -282,13 +282,42 @@ def _schema_at(path: str) -> type:
 SCHEMA_NAME = "laglab_schema"  # not a selectable group option
 
 
-CPU_QUOTA_FILES = ("/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us")  # cgroup v2, v1
+CGROUP_ROOT = "/sys/fs/cgroup"
 
 
-def cpu_quota(files=CPU_QUOTA_FILES) -> Optional[int]:
-    """The CPUs a cgroup's quota allows this process (``docker --cpus=2``, Kubernetes limits: a quota of 200000 us per
-    100000 us is 2), rounded up; None where no quota is set or none can be read."""
-    for f in files:
+def cgroup_quota_files(root: str = CGROUP_ROOT, self_cgroup: str = "/proc/self/cgroup") -> Tuple[str, ...]:
+    """The CPU-quota files that bound this process: its own cgroup's and every ancestor's up to the root (cgroup
+    v2 ``cpu.max``; v1 ``cpu.cfs_quota_us`` under the cpu controller's mount), from ``/proc/self/cgroup``. A quota
+    set on a parent (systemd's ``CPUQuota``, a Kubernetes pod) binds the processes below it, so every level counts;
+    without a cgroup namespace the process's own cgroup is not the mount's root."""
+    paths: Dict[str, str] = {}
+    try:
+        for line in Path(self_cgroup).read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if controllers == "":
+                paths["v2"] = path
+            elif "cpu" in controllers.split(","):
+                paths["v1"] = path
+    except (OSError, ValueError):
+        pass
+    out: List[str] = []
+    for kind, leaf in (("v2", paths.get("v2", "/")), ("v1", paths.get("v1", "/"))):
+        base = Path(root) if kind == "v2" else next(
+            (Path(root) / d for d in ("cpu", "cpu,cpuacct", "cpuacct,cpu") if (Path(root) / d).is_dir()),
+            Path(root) / "cpu")
+        parts = [p for p in leaf.split("/") if p and p != ".."]
+        for depth in range(len(parts), -1, -1):
+            out.append(str(base.joinpath(*parts[:depth], "cpu.max" if kind == "v2" else "cpu.cfs_quota_us")))
+    return tuple(dict.fromkeys(out))
+
+
+def cpu_quota(files: Optional[Sequence[str]] = None) -> Optional[int]:
+    """The CPUs a cgroup's quota allows this process (``docker --cpus=2``, Kubernetes limits, systemd's
+    ``CPUQuota``: a quota of 200000 us per 100000 us is 2), rounded up — the smallest over ``files``
+    (:func:`cgroup_quota_files`: the process's cgroup and its ancestors); None where no quota is set or none can be
+    read."""
+    best: Optional[int] = None
+    for f in (cgroup_quota_files() if files is None else files):
         try:
             text = Path(f).read_text().split()
             if f.endswith("cpu.max"):  # "<quota> <period>" or "max <period>"
@@ -296,12 +325,14 @@ def cpu_quota(files=CPU_QUOTA_FILES) -> Optional[int]:
             else:  # cgroup v1: cpu.cfs_quota_us (-1: none) beside cpu.cfs_period_us
                 quota, period = text[0], Path(f).with_name("cpu.cfs_period_us").read_text().split()[0]
             if quota in ("max", "-1"):
-                return None
+                continue
             q, per = int(quota), int(period)
-            return max(1, -(-q // per)) if q > 0 and per > 0 else None
+            if q > 0 and per > 0:
+                n = max(1, -(-q // per))
+                best = n if best is None else min(best, n)
         except (OSError, ValueError, IndexError):
             continue
-    return None
+    return best
 
 
 def usable_cpus() -> int:

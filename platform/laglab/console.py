@@ -265,15 +265,28 @@ def cpu_starved(actors_cpu_s: float, actors_wait_s: float, learner_wait_frac: Op
     return frac if starved else None
 
 
-def starved_text(frac: float, learner_wait_frac: float, runner: str, nice: int) -> str:
-    """What the console, the footer and the doctor say about starved actors, and what to do about it."""
-    why = (f"the actors run at nice {nice} (runner.actor_nice) and get only what other processes of this session "
-           "leave them (where Linux groups processes by session, its default on most distributions, a busy "
-           "process in another terminal takes less); runner.actor_nice=0 makes them compete fairly (2 busy "
-           "processes on 2 CPUs, measured: 26k instead of 1.1k SPS), or free the CPUs") \
-        if runner == "process" and nice > 0 else "free the CPUs, or run fewer actors"
-    return (f"the actors waited for a CPU {frac:.0%} of the time they were ready to run, and the learner for data "
-            f"{learner_wait_frac:.0%} of its time: other processes have the CPUs; {why}")
+def starved_text(frac: float, learner_wait_frac: float, runner: str, nice: int,
+                 raised: Optional[Mapping[str, Any]] = None) -> str:
+    """What the console, the footer and the doctor say about starved actors, and what to do about it. ``raised``:
+    what the run did about it (the driver's ``raised``: the actors raised from ``from_nice`` to ``to_nice``, or
+    ``refused`` with the OS's reason)."""
+    what = (f"the actors waited for a CPU {frac:.0%} of the time they were ready to run, and the learner for data "
+            f"{learner_wait_frac:.0%} of its time: other processes have the CPUs; ")
+    if raised and not raised.get("refused"):
+        return (what + f"the actors ran at nice {raised.get('from_nice')} (runner.actor_nice), so the run raised them "
+                f"to nice {raised.get('to_nice')} (the learner's) {_f(raised.get('at_s'))} s after its first update: "
+                "they compete with the other processes on equal terms from then on (runner.actor_nice=0 does it from "
+                "the start)")
+    if runner == "process" and nice > 0:
+        why = (f"the actors run at nice {nice} (runner.actor_nice) and get only what other processes of this session "
+               "leave them (where Linux groups processes by session, its default on most distributions, a busy "
+               "process in another terminal takes less); runner.actor_nice=0 makes them compete fairly (2 busy "
+               "processes on 2 CPUs, measured: 26k instead of 1.1k SPS), or free the CPUs")
+        if raised and raised.get("refused"):
+            why += f" (the run could not raise them itself: {raised['refused']})"
+    else:
+        why = "free the CPUs, or run fewer actors"
+    return what + why
 
 
 # ---- the footer ------------------------------------------------------------------------------------------
@@ -331,9 +344,14 @@ def footer(summary: Mapping[str, Any], run_dir: Any) -> str:
         row("lag", f"version lag mean {_f(lag.get('mean'), 2)}, p95 {_f(lag.get('p95'), 0)}, max "
                    f"{_f(lag.get('max'), 0)}; KL(behavior||current) {_f(lag.get('kl_behavior'), 4)}")
     cpu = s.get("cpu") or {}
-    if cpu.get("starved"):
+    raised = cpu.get("raised") or {}
+    if raised and not raised.get("refused"):  # starved, then raised: the window that was starved
+        row("cpu", starved_text(float(raised.get("wait_frac") or 0), cpu["learner_wait_frac"], str(s.get("runner")),
+                                int(cpu.get("actor_nice") or 0), raised)
+            + f"; over the whole run they waited {cpu['actors_wait_frac']:.0%}")
+    elif cpu.get("starved"):
         row("cpu", starved_text(cpu["actors_wait_frac"], cpu["learner_wait_frac"], str(s.get("runner")),
-                                int(cpu.get("actor_nice") or 0)))
+                                int(cpu.get("actor_nice") or 0), raised))
     t = s.get("transport")
     if t:
         dropped, rejected = t.get("dropped", {}), t.get("rejected", {})

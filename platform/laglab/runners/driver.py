@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
@@ -39,7 +40,8 @@ class LearnerDriver:
                  queue_steps: Callable[[], int] = lambda: 0,
                  gauges: Optional[Callable[[], Dict[str, float]]] = None,
                  actors: Optional[Callable[[], Mapping[int, ActorStats]]] = None,
-                 checkpoint_dir: Optional[Path] = None):
+                 checkpoint_dir: Optional[Path] = None,
+                 raise_actors: Optional[Callable[[], Optional[str]]] = None):
         self.cfg = cfg
         self.learner = learner
         self.tracker = tracker
@@ -77,6 +79,11 @@ class LearnerDriver:
         self._cpu_mark: Optional[Tuple[float, ...]] = None  # the last check's
         self.offer_total = 0.0  # the learner's time taking fragments in, over the run
         self.cpu_warned = False  # starved actors were reported (see _watch_cpu)
+        # the process runner's actors run at runner.actor_nice; starved, they are raised to the learner's niceness
+        # where the OS allows it (raise_actors: None when done, else why not)
+        self.raise_actors = raise_actors
+        self.actor_nice = int(cfg.runner.actor_nice) if cfg.runner.name.value == "process" else 0
+        self.raised: Optional[Dict[str, object]] = None  # what _watch_cpu did about starved actors (summary's cpu)
         # actor.fixed_lag=k: actors get the snapshot k publications behind the newest (with the newest credits)
         self._history = collections.deque([learner.snapshot()], maxlen=(cfg.actor.fixed_lag or 0) + 1)
 
@@ -254,12 +261,22 @@ class LearnerDriver:
             if w else None
         if frac is not None:
             self.cpu_warned = True
-            log.warning("laglab: %s", starved_text(frac, w["learner_wait_frac"], self.cfg.runner.name.value,
-                                                  self._actor_nice()))
+            nice = self.actor_nice
+            refused = None
+            if nice > 0 and self.raise_actors is not None:
+                refused = self.raise_actors()
+                self.raised = {"at_s": round(mark[0] - self._cpu_first[0], 2), "wait_frac": round(frac, 4),
+                               "from_nice": nice, "to_nice": None if refused else os.getpriority(os.PRIO_PROCESS, 0),
+                               "refused": refused}
+                if not refused:
+                    self.actor_nice = int(self.raised["to_nice"])
+            log.warning("laglab: %s", starved_text(frac, w["learner_wait_frac"], self.cfg.runner.name.value, nice,
+                                                  raised=self.raised))
 
     def _actor_nice(self) -> int:
-        """The niceness the actors run at: runner.actor_nice for process actors; Ray workers are not niced."""
-        return int(self.cfg.runner.actor_nice) if self.cfg.runner.name.value == "process" else 0
+        """The niceness the actors run at now: runner.actor_nice for process actors (the learner's, once raised);
+        Ray workers are not niced."""
+        return self.actor_nice
 
     def cpu_summary(self) -> Optional[Dict[str, object]]:
         """summary.json's ``cpu``, judged as the live check judges a window, over the run from its first update
@@ -276,7 +293,7 @@ class LearnerDriver:
         cpu, wait = w["actors_cpu_s"], w["actors_wait_s"]
         return {**{k: round(v, 4) if isinstance(v, float) else v for k, v in w.items()},
                 "actors_wait_frac": wait / (cpu + wait),
-                "actor_nice": self._actor_nice(),
+                "actor_nice": self._actor_nice(), "raised": self.raised,
                 "starved": cpu_starved(cpu, wait, w["learner_wait_frac"], w["run_cpu_share"]) is not None}
 
     def _publish(self, sync: bool = False) -> None:

@@ -151,7 +151,9 @@ class _Runner:
         self.driver = LearnerDriver(cfg, learner, tracker, counter, self.admission, self.ledger,
                                     publish=self.publish, link_steps=self.link_steps,
                                     queue_steps=self.queue.first_steps, gauges=self.gauges,
-                                    actors=self.actor_stats, checkpoint_dir=run_dir / "checkpoints")
+                                    actors=self.actor_stats, checkpoint_dir=run_dir / "checkpoints",
+                                    raise_actors=self.raise_actors)
+        self.child_cfg = cfg  # what a new actor life starts with (its niceness raised once the actors starved)
 
     # ---- learner -> actors ------------------------------------------------------------------------------------
     def publish(self, snap: Snapshot) -> None:
@@ -200,6 +202,30 @@ class _Runner:
             timeline.mark_min("first_env_step", r["first_step"])
         return out
 
+    def raise_actors(self) -> Optional[str]:
+        """Starved actors (LearnerDriver._watch_cpu): give every live actor process, each of its threads, this
+        process's niceness, and every later life too. None when done; else why the OS refused (lowering a niceness
+        takes CAP_SYS_NICE, root, or an RLIMIT_NICE that allows it)."""
+        target = os.getpriority(os.PRIO_PROCESS, 0)
+        for slot in self.slots:
+            c = slot.child
+            pid = c.proc.pid if c is not None else None
+            if pid is None:
+                continue
+            try:
+                tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            except OSError:  # (gone, or no /proc: the process itself)
+                tids = [pid]
+            for tid in tids:
+                try:
+                    os.setpriority(os.PRIO_PROCESS, tid, target)
+                except ProcessLookupError:
+                    continue
+                except PermissionError as e:
+                    return f"setpriority: {e.strerror} (lowering a niceness takes root, CAP_SYS_NICE or RLIMIT_NICE)"
+        self.child_cfg = dataclasses.replace(self.cfg, runner=dataclasses.replace(self.cfg.runner, actor_nice=0))
+        return None
+
     # ---- children ---------------------------------------------------------------------------------------------
     def start(self, slot: _Slot) -> None:
         inc = self.ledger.new_incarnation(slot.actor_id)
@@ -207,7 +233,7 @@ class _Runner:
         r, w = self.ctx.Pipe(duplex=False)
         bell = Bell(self.ctx)
         proc = self.ctx.Process(target=process_actor.main, name=f"laglab-actor-{slot.actor_id}",
-                                args=(self.cfg, slot.actor_id, inc, self.names, self.shapes, self.spec,
+                                args=(self.child_cfg, slot.actor_id, inc, self.names, self.shapes, self.spec,
                                       self.per, w, bell.wait_end, self.lifeline.child_end, self.log_path,
                                       {**os.environ, **ACTOR_ENV}),
                                 daemon=True)
