@@ -527,7 +527,8 @@ def rule_cpu(r: Run) -> Finding:
     runner, nice, raised = str(r.summary.get("runner")), int(c.get("actor_nice") or 0), c.get("raised") or {}
     if raised and not raised.get("refused"):  # starved, and the run raised the actors' priority itself
         return Finding("cpu", "watch", "CPU for the actors", ev, ["runner.actor_nice=0"],
-                       starved_text(float(raised.get("wait_frac") or 0), idle if idle is not None else 1.0, runner,
+                       starved_text(float(raised.get("wait_frac") or 0),
+                                    float(raised.get("learner_wait_frac", idle if idle is not None else 1.0)), runner,
                                     nice, raised))
     if not c.get("starved"):
         return Finding("cpu", "ok", "CPU for the actors", ev)

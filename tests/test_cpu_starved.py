@@ -57,10 +57,12 @@ def test_the_footer_says_it_only_for_a_starved_run():
     ray = footer({**base, "runner": "ray", "cpu": {**cpu, "actor_nice": 0}}, "/r")  # Ray workers are not niced
     assert "waited for a CPU" in ray and "actor_nice" not in ray and "free the CPUs" in ray
     # starved, then raised by the run itself: said even when the whole run no longer reads as starved
-    raised = {"at_s": 5.2, "wait_frac": 0.98, "from_nice": 19, "to_nice": 0, "refused": None}
+    raised = {"at_s": 5.2, "wait_frac": 0.98, "learner_wait_frac": 0.91, "from_nice": 19, "to_nice": 0,
+              "refused": None}
     text = footer({**base, "cpu": {**cpu, "starved": False, "actors_wait_frac": 0.4, "actor_nice": 0,
                                    "raised": raised}}, "/r")
     assert "waited for a CPU 98% of the time" in text and "raised them to nice 0" in text and "5.2 s" in text
+    assert "the learner for data 91% of its time" in text  # (the starved window's, not the whole run's 97.6%)
     assert "over the whole run they waited 40%" in text
     # the OS refused: the remedy as before, and why the run could not apply it itself
     refused = {**raised, "to_nice": None, "refused": "setpriority: Permission denied (...)"}

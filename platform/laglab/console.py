@@ -346,7 +346,8 @@ def footer(summary: Mapping[str, Any], run_dir: Any) -> str:
     cpu = s.get("cpu") or {}
     raised = cpu.get("raised") or {}
     if raised and not raised.get("refused"):  # starved, then raised: the window that was starved
-        row("cpu", starved_text(float(raised.get("wait_frac") or 0), cpu["learner_wait_frac"], str(s.get("runner")),
+        row("cpu", starved_text(float(raised.get("wait_frac") or 0),
+                                float(raised.get("learner_wait_frac", cpu["learner_wait_frac"])), str(s.get("runner")),
                                 int(cpu.get("actor_nice") or 0), raised)
             + f"; over the whole run they waited {cpu['actors_wait_frac']:.0%}")
     elif cpu.get("starved"):

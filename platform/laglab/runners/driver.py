@@ -266,6 +266,7 @@ class LearnerDriver:
             if nice > 0 and self.raise_actors is not None:
                 refused = self.raise_actors()
                 self.raised = {"at_s": round(mark[0] - self._cpu_first[0], 2), "wait_frac": round(frac, 4),
+                               "learner_wait_frac": round(w["learner_wait_frac"], 4),
                                "from_nice": nice, "to_nice": None if refused else os.getpriority(os.PRIO_PROCESS, 0),
                                "refused": refused}
                 if not refused:
