@@ -189,9 +189,7 @@ def main() -> int:
                 write_predictions("every cell" if every == "once" else f"repeat {r}")
             for lat, n in cells:
                 key = f"{lat}/{n}"
-                if every == "once" and r > 0:
-                    preds[key].append(preds[key][0])
-                elif every == "cell":
+                if every == "cell":
                     cell_costs = calibrate(calibration_dirs(out, every, counts, r, cell_dir(lat, n)), counts,
                                            a.runner, out / cell_dir(lat, n) / f"costs_r{r}.json")
                     preds[key].append(predict(overrides(n, lat, a.runner), cell_costs))
@@ -209,6 +207,7 @@ def main() -> int:
         key = f"{lat}/{n}"
         runs = reals[key]
         real = {k: float(np.median([x[k] for x in runs])) for k in runs[0]}
+        # (a cell's prediction is written before its run: one whose run did not finish has no run to match)
         pr = {k: float(np.median([p[k] for p in preds[key][:len(runs)]])) for k in ("sps_steady", "lag_mean",
                                                                                        "lag_p95")}
         sps = [x["sps_steady"] for x in runs]

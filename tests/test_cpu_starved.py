@@ -151,11 +151,10 @@ def test_raise_actors_renices_every_thread_of_every_live_actor_or_says_why_not(m
     import dataclasses
     import types
 
-    from laglab.config import validate
+    from laglab.preflight import compose
     from laglab.runners.process import _Runner
-    from tests.test_config import _compose
 
-    cfg = validate(_compose("actors=2"))
+    cfg = compose(["actors=2"])
     assert cfg.runner.actor_nice == 19
     code = ("import os, threading, time; os.nice(19); threading.Thread(target=time.sleep, args=(60,)).start(); "
             "time.sleep(60)")
@@ -172,13 +171,13 @@ def test_raise_actors_renices_every_thread_of_every_live_actor_or_says_why_not(m
         runner = types.SimpleNamespace(cfg=cfg, slots=slots, child_cfg=cfg)
         real = os.setpriority
         monkeypatch.setattr(os, "setpriority", lambda *a: (_ for _ in ()).throw(PermissionError(1, "denied")))
-        why = _Runner.raise_actors(runner)
+        me = os.getpriority(os.PRIO_PROCESS, 0)
+        why = _Runner.raise_actors(runner, me)
         assert why and "denied" in why and runner.child_cfg is cfg
         monkeypatch.setattr(os, "setpriority", real)
         if not CAN_RAISE:
             return
-        assert _Runner.raise_actors(runner) is None
-        me = os.getpriority(os.PRIO_PROCESS, 0)
+        assert _Runner.raise_actors(runner, me) is None
         assert [os.getpriority(os.PRIO_PROCESS, t) for p in kids for t in tasks(p)] == [me] * 4
         assert runner.child_cfg.runner.actor_nice == 0
         assert dataclasses.replace(runner.child_cfg, runner=cfg.runner) == cfg  # nothing else changed

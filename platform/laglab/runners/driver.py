@@ -41,7 +41,7 @@ class LearnerDriver:
                  gauges: Optional[Callable[[], Dict[str, float]]] = None,
                  actors: Optional[Callable[[], Mapping[int, ActorStats]]] = None,
                  checkpoint_dir: Optional[Path] = None,
-                 raise_actors: Optional[Callable[[], Optional[str]]] = None):
+                 raise_actors: Optional[Callable[[int], Optional[str]]] = None):
         self.cfg = cfg
         self.learner = learner
         self.tracker = tracker
@@ -79,8 +79,9 @@ class LearnerDriver:
         self._cpu_mark: Optional[Tuple[float, ...]] = None  # the last check's
         self.offer_total = 0.0  # the learner's time taking fragments in, over the run
         self.cpu_warned = False  # starved actors were reported (see _watch_cpu)
-        # the process runner's actors run at runner.actor_nice; starved, they are raised to the learner's niceness
-        # where the OS allows it (raise_actors: None when done, else why not)
+        # the niceness the actors run at now: runner.actor_nice for process actors (Ray workers are not niced);
+        # starved, they are raised to the learner's where the OS allows it (raise_actors(nice): None when done, else
+        # why not)
         self.raise_actors = raise_actors
         self.actor_nice = int(cfg.runner.actor_nice) if cfg.runner.name.value == "process" else 0
         self.raised: Optional[Dict[str, object]] = None  # what _watch_cpu did about starved actors (summary's cpu)
@@ -264,20 +265,15 @@ class LearnerDriver:
             nice = self.actor_nice
             refused = None
             if nice > 0 and self.raise_actors is not None:
-                refused = self.raise_actors()
+                mine = os.getpriority(os.PRIO_PROCESS, 0)  # (the learner's thread)
+                refused = self.raise_actors(mine)
                 self.raised = {"at_s": round(mark[0] - self._cpu_first[0], 2), "wait_frac": round(frac, 4),
                                "learner_wait_frac": round(w["learner_wait_frac"], 4),
-                               "from_nice": nice, "to_nice": None if refused else os.getpriority(os.PRIO_PROCESS, 0),
-                               "refused": refused}
+                               "from_nice": nice, "to_nice": None if refused else mine, "refused": refused}
                 if not refused:
-                    self.actor_nice = int(self.raised["to_nice"])
+                    self.actor_nice = mine
             log.warning("laglab: %s", starved_text(frac, w["learner_wait_frac"], self.cfg.runner.name.value, nice,
                                                   raised=self.raised))
-
-    def _actor_nice(self) -> int:
-        """The niceness the actors run at now: runner.actor_nice for process actors (the learner's, once raised);
-        Ray workers are not niced."""
-        return self.actor_nice
 
     def cpu_summary(self) -> Optional[Dict[str, object]]:
         """summary.json's ``cpu``, judged as the live check judges a window, over the run from its first update
@@ -294,7 +290,7 @@ class LearnerDriver:
         cpu, wait = w["actors_cpu_s"], w["actors_wait_s"]
         return {**{k: round(v, 4) if isinstance(v, float) else v for k, v in w.items()},
                 "actors_wait_frac": wait / (cpu + wait),
-                "actor_nice": self._actor_nice(), "raised": self.raised,
+                "actor_nice": self.actor_nice, "raised": self.raised,
                 "starved": cpu_starved(cpu, wait, w["learner_wait_frac"], w["run_cpu_share"]) is not None}
 
     def _publish(self, sync: bool = False) -> None:

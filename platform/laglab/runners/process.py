@@ -202,11 +202,11 @@ class _Runner:
             timeline.mark_min("first_env_step", r["first_step"])
         return out
 
-    def raise_actors(self) -> Optional[str]:
-        """Starved actors (LearnerDriver._watch_cpu): give every live actor process, each of its threads, this
-        process's niceness, and every later life too. None when done; else why the OS refused (lowering a niceness
-        takes CAP_SYS_NICE, root, or an RLIMIT_NICE that allows it)."""
-        target = os.getpriority(os.PRIO_PROCESS, 0)
+    def raise_actors(self, target: int) -> Optional[str]:
+        """Starved actors (LearnerDriver._watch_cpu): give every live actor process, each of its threads, the
+        niceness ``target`` (the learner's), and every later life the learner's too (it forks from the learner's
+        niceness and adds none). None when done; else why the OS refused (lowering a niceness takes CAP_SYS_NICE,
+        root, or an RLIMIT_NICE that allows it)."""
         for slot in self.slots:
             c = slot.child
             pid = c.proc.pid if c is not None else None
