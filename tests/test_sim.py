@@ -303,3 +303,54 @@ def test_the_steady_rate_is_the_middle_half_of_the_updates_whatever_the_start_an
     n = [0, 100, 200, 300, 400, 500, 600, 700]
     assert steady_rate(t, n) == pytest.approx(1000.0)  # (first to last, the rule before, would say 140)
     assert math.isnan(steady_rate(t[:3], n[:3]))  # fewer than 4 updates
+
+
+def test_crowding_is_the_growth_of_the_actors_cpu_per_step_with_actors_per_core():
+    from laglab.sim import crowding_fit
+
+    # two counts on a line: its value at no actors and its slope; one count, or no growth: nothing to fit
+    assert crowding_fit([(1.0, 120e-6), (4.0, 132e-6)]) == pytest.approx((116e-6, 4e-6))
+    assert crowding_fit([(1.0, 120e-6), (1.0, 130e-6)]) is None
+    assert crowding_fit([(1.0, 75e-6), (4.0, 59e-6)]) is None  # (fewer actors cost more per step: not crowding)
+    at_zero, slope = crowding_fit([(1.0, 10e-6), (2.0, 40e-6)])  # a line through zero rather than a negative cost
+    assert at_zero == 0.0 and slope == pytest.approx((10e-6 + 80e-6) / 5)
+    # in the model: CPU-bound actors on one core, each step's CPU grown by crowding_s x actors / cores
+    c, k, U, B = 50e-6, 5e-6, 0.01, 1024
+    flat = simulate(cfg("actors=4"), Costs(**{**FREE, "update_s": U, "step_cpu_s": c + 4 * k, "cores": 1}),
+                    Latency("fixed", per_actor_ms=[0.0]))
+    crowded = simulate(cfg("actors=4"), Costs(**{**FREE, "update_s": U, "step_cpu_s": c, "crowding_s": k,
+                                                  "cores": 1}), Latency("fixed", per_actor_ms=[0.0]))
+    assert crowded["sps_steady"] == pytest.approx(B / (U + B * (c + 4 * k)), rel=0.03)
+    assert crowded["sps_steady"] == pytest.approx(flat["sps_steady"], rel=1e-6)
+
+
+def test_calibration_over_two_counts_fits_the_crowding_of_the_actors_whole_cpu_per_step(tmp_path):
+    # runs of 2 and 8 actors on this machine's cores: the whole CPU per env step (inference included) on a line in
+    # actors per core; step_cpu_s is the line at no actors less inference
+    import os
+
+    import pandas as pd
+    import yaml
+
+    from laglab.sim import calibrate
+
+    cores = len(os.sched_getaffinity(0))
+
+    def run_dir(n, cpu_per_step):
+        d = tmp_path / f"a{n}"
+        (d / ".hydra").mkdir(parents=True)
+        (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump({
+            "runner": {"name": "ray"}, "actor": {"envs_per_actor": 4}, "env": {"latency_ms": [2.0]},
+            "learner": {"max_kl_behavior": None}}))
+        pd.DataFrame({"learner/compute_s": [0.03]}).to_parquet(d / "metrics.parquet")
+        steps = 12800
+        stats = {str(i): {"steps": steps, "rollouts": 100, "snapshot_s": 0.0, "infer_s": steps / 4 * 80e-6,
+                          "env_s": steps * 2.3e-3, "cpu_s": steps * cpu_per_step, "env_cpu_s": 0.0} for i in range(n)}
+        (d / "summary.json").write_text(json.dumps({"status": "completed", "actors_stats": stats}))
+        return d
+
+    out = calibrate([run_dir(2, 120e-6), run_dir(8, 132e-6)])
+    slope = 12e-6 / (6 / cores)
+    assert out["crowding_s"] == pytest.approx(slope)
+    assert out["step_cpu_s"] == pytest.approx(120e-6 - slope * 2 / cores - 20e-6)
+    assert "crowding_s" not in calibrate([tmp_path / "a2"])

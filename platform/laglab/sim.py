@@ -39,6 +39,8 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   grants credit for what it has taken (as ``serve`` does).
 * **CPU**: ``Costs.cores`` CPUs shared by everything that computes. The learner preempts actors (actor processes
   run at nice 19; not on Ray); actors queue for a core among themselves. Waiting on an env (a sleep) holds no core.
+  Actors crowded on cores cost each other: their CPU per env step is ``step_cpu_s + crowding_s x actors / cores``
+  (a line fitted over calibration runs at two counts; measured growth, not a model of caches or the scheduler).
 
 Not modelled (refused, so no prediction silently ignores them): ``actor.refresh_lag``,
 ``learner.max_kl_behavior`` (they depend on the policy's KL), chaos faults.
@@ -76,6 +78,9 @@ class Costs:
                               # (env=latency: the sleep's overshoot)
     fetch_s: float = 1e-3  # actor: fetching and loading a snapshot
     send_s: float = 20e-6  # actor: handing one fragment over
+    crowding_s: float = 0.0  # actor: CPU per env step added by each actor per core (step_cpu_s + crowding_s x
+                             # actors / cores): what actor processes sharing cores cost each other (caches, the
+                             # scheduler, Ray's per-worker threads); fitted by --calibrate over runs at two counts
     call_s: float = 0.0  # runner=ray: an actor's wait per call for the snapshot board's answer and the snapshot
                          # (a round trip through Ray: holds no core)
     startup_s: float = 0.0  # from the run's start to the actors' first env step (counted in sps, as a run does)
@@ -340,9 +345,11 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             return n * ms / 1000.0
         return float(rng.lognormal(math.log(latency.median_ms), latency.sigma, size=n).sum()) / 1000.0
 
+    step_cpu = costs.step_cpu_s + costs.crowding_s * N / costs.cores  # (actors sharing cores cost each other)
+
     def collect(i: int):
         for _ in range(T):
-            yield from _cpu(env, cpu, costs.infer_s + E * costs.step_cpu_s, 1)
+            yield from _cpu(env, cpu, costs.infer_s + E * step_cpu, 1)
             w = step_wait(i, E) + E * costs.step_wait_s
             if w > 0:
                 yield env.timeout(w)
@@ -545,11 +552,16 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     loads per env step (env code, bookkeeping, sends, polls: what makes many actors contend for cores), and the
     latency env's ``step_wait_s`` is what its steps took beyond the latency and their own CPU (``env_cpu_s``).
     Ray runs: each call's round trip to the snapshot board is ``call_s`` (a wait; the decoding CPU is in
-    ``cpu_s``). All runs must be of one runner. Calibrate on a quiet machine: under load every cost grows."""
+    ``cpu_s``). Runs at two or more actor counts also give ``crowding_s``: the growth of that CPU per env step with
+    the actors per core (:func:`crowding_fit`; Ray workers' grows ~1.6 us per worker on two cores). All runs must be
+    of one runner. Calibrate on a quiet machine: under load every cost grows."""
     import pandas as pd
     import yaml
 
     per: Dict[str, List[float]] = collections.defaultdict(list)
+    cores = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    crowded: List[Tuple[float, float]] = []  # (actors per core, the actors' CPU per env step) of each run
+    envs: List[int] = []  # each run's envs per actor
     used = []
     runners: Dict[str, str] = {}
     for d in map(Path, run_dirs):
@@ -582,6 +594,7 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
         if steps:
             infer = sum(a.get("infer_s", 0.0) for a in stats.values())
             per["infer_s"].append(infer / (steps / E))
+            envs.append(E)
             env_s = sum(a.get("env_s", 0.0) for a in stats.values())
             fetch = sum(a.get("snapshot_s", 0.0) for a in stats.values())
             cpu = sum(a.get("cpu_s", 0.0) for a in stats.values())
@@ -603,6 +616,8 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
                     per["step_cpu_s"].append(step_cpu)
             else:
                 per["step_cpu_s"].append(max(env_s / steps, step_cpu or 0.0))
+            if step_cpu is not None:  # (the whole CPU per env step, inference included: it grows too)
+                crowded.append((len(stats) / cores, per["step_cpu_s"][-1] + per["infer_s"][-1] / E))
             loads = sum(a.get("loads", 0) for a in stats.values())
             if loads and runner != "ray":
                 per["fetch_s"].append(fetch / loads)
@@ -611,9 +626,30 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
             per["startup_s"].append(max(0.0, float(su["first_env_step"]) - float(su["learner"])))
         used.append(str(d))
     out: Dict[str, object] = {k: float(np.median(v)) for k, v in per.items()}
-    out["cores"] = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    fit = crowding_fit(crowded)
+    if fit is not None:  # the line is the whole CPU per env step; step_cpu_s is what it holds besides inference
+        at_zero, out["crowding_s"] = fit
+        out["step_cpu_s"] = max(0.0, at_zero - float(np.median([x / e for x, e in zip(per["infer_s"], envs)])))
+    out["cores"] = cores
     out["calibrated_from"] = used
     return out
+
+
+def crowding_fit(points: Sequence[Tuple[float, float]]) -> Optional[Tuple[float, float]]:
+    """``(step_cpu_s, crowding_s)``: the actors' CPU per env step as a line in actors per core, least squares over
+    runs at two or more counts (``step_cpu_s`` its value at none, ``crowding_s`` its slope). None where the runs
+    cannot show a growth (one count) or show none (a slope <= 0: the median of the runs stands, as before). A line
+    that would cross zero goes through the origin instead (no CPU per step is negative)."""
+    x = np.asarray([p[0] for p in points], float)
+    y = np.asarray([p[1] for p in points], float)
+    if len(set(x.tolist())) < 2:
+        return None
+    slope, at_zero = np.polyfit(x, y, 1)
+    if slope <= 0:
+        return None
+    if at_zero < 0:
+        return 0.0, float((x * y).sum() / (x * x).sum())
+    return float(at_zero), float(slope)
 
 
 # ---- command line ------------------------------------------------------------------------------------------
