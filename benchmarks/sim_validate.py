@@ -19,6 +19,11 @@ the model's error when fed each run's own measured costs: what is left of the er
 between the calibration runs and the cell is taken out (it writes each run's ``own_costs.json``). ``--reanalyze DIR``
 rebuilds the table of an earlier run (give it the run's ``--actors``, ``--latencies`` and ``--runner``).
 
+The calibration runs are at 6 and 24 actors (``--calibrate-on``): no cell's count, and far enough apart, one of
+them past the cores' saturation, to show the growth of the actors' CPU per env step with their number that the model
+takes as ``crowding_s``. (At 2 actors this VM charges more CPU per step than at 8 — an idle machine's wake-ups — so
+2 and 8, the calibration until 2026-12-06, showed a growth one day and none the next.)
+
 ``--calibrate-every cell`` takes the drift out of the validation itself, still a priori: right before each cell
 run, the calibration runs again and the model predicts that run from them (written to ``predictions.json`` before
 the run starts); the table then prints the calibration's CPU per env step beside the cell's. ``repeat`` calibrates
@@ -138,7 +143,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--actors", default="1,2,4,8,16,32,64")
     ap.add_argument("--latencies", default="uniform,hetero")
-    ap.add_argument("--calibrate-on", default="2,8", help="actor counts of the calibration runs (uniform latency)")
+    ap.add_argument("--calibrate-on", default="6,24",
+                    help="actor counts of the calibration runs (uniform latency): counts no cell has, one of them "
+                         "past the point where the actors crowd the cores (their CPU per env step grows: the model's "
+                         "crowding_s is the line through them). Until 2026-12-06: 2,8")
     ap.add_argument("--calibrate-every", default="once", choices=["once", "repeat", "cell"],
                     help="once: one calibration before every prediction; repeat: a calibration before each repeat's "
                          "predictions; cell: a calibration right before each cell run, predicted from it (this "

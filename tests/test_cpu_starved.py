@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from laglab.console import STARVED_IDLE, STARVED_OWN, STARVED_WAIT, cpu_starved, footer
+from laglab.runners.driver import machine_busy_s
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = ["tracking.wandb.mode=disabled", "tracking.console_every_s=1e9", "tracking.progress=false"]
@@ -128,6 +129,8 @@ def test_busy_processes_of_the_session_starve_nice_actors_and_the_run_says_so(tm
         assert c["starved"] and c["actor_nice"] == 19 and c["learner_wait_frac"] >= STARVED_IDLE, c
         assert 0 < c["run_cpu_share"] < STARVED_OWN and c["learner_cpu_s"] > 0, c
         assert f["severity"] == "act", f
+    if machine_busy_s() is not None:  # the busy processes' CPU is the others' (it was not the run's)
+        assert c["others_cpu_s"] > 0.3 * c["span_s"], c
     # the same busy processes, actors at the learner's priority: they get their share and nothing is said
     assert not fair["cpu"]["starved"], fair["cpu"]
     assert "waited for a CPU" not in fair_out
@@ -143,6 +146,22 @@ def test_actors_that_oversubscribe_the_cpus_themselves_are_not_called_starved(tm
     c = s["cpu"]
     assert c["actors_wait_frac"] > 0.5 and c["run_cpu_share"] > STARVED_OWN, c
     assert not c["starved"] and "waited for a CPU" not in out, c
+    if machine_busy_s() is not None:  # nothing else ran: the others' CPU is the machine's noise, not the run's
+        assert c["others_cpu_s"] < 0.25 * (c["actors_cpu_s"] + c["learner_cpu_s"]), c
+
+
+def test_the_machine_busy_reading_counts_this_process_computing(monkeypatch):
+    from laglab.runners import driver
+
+    a = machine_busy_s()
+    if a is None:
+        pytest.skip("this machine's /proc/stat is not the run's CPUs to read")
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.3:
+        pass
+    assert machine_busy_s() - a >= 0.25  # (this process's 0.3 s, whatever else ran)
+    monkeypatch.setattr(driver, "usable_cpus", lambda: (os.cpu_count() or 1) + 1)  # a cpuset or quota: not ours
+    assert machine_busy_s() is None
 
 
 def test_raise_actors_renices_every_thread_of_every_live_actor_or_says_why_not(monkeypatch):

@@ -354,3 +354,44 @@ def test_calibration_over_two_counts_fits_the_crowding_of_the_actors_whole_cpu_p
     assert out["crowding_s"] == pytest.approx(slope)
     assert out["step_cpu_s"] == pytest.approx(120e-6 - slope * 2 / cores - 20e-6)
     assert "crowding_s" not in calibrate([tmp_path / "a2"])
+
+
+def test_on_ray_what_the_board_and_rays_processes_compute_per_call_takes_a_core():
+    # one core, CPU-bound Ray actors: per batch of B steps the core does B c of the actors' work, B / (E T) calls'
+    # k of the board's and Ray's, and one update U: sps = B / (U + B c + B k / (E T))
+    c, k, U = 50e-6, 2e-3, 0.01
+    conf = cfg("actors=4", "runner=ray")
+    B, E, T = conf.learner.batch_size, conf.actor.envs_per_actor, conf.actor.rollout_len
+    lat = Latency("fixed", per_actor_ms=[0.0])
+    out = simulate(conf, Costs(**{**FREE, "update_s": U, "step_cpu_s": c, "call_cpu_s": k, "cores": 1}), lat)
+    assert out["sps_steady"] == pytest.approx(B / (U + B * c + B * k / (E * T)), rel=0.03)
+    free = simulate(conf, Costs(**{**FREE, "update_s": U, "step_cpu_s": c, "cores": 1}), lat)
+    assert free["sps_steady"] == pytest.approx(B / (U + B * c), rel=0.03)
+
+
+def test_calibration_takes_the_other_processes_cpu_per_call_from_two_call_rates(tmp_path):
+    # a local Ray run reads the machine's CPU besides its own (cpu.others_cpu_s): at 10 and 40 calls a second,
+    # 0.02 + 2 ms x rate cores -> 2 ms per call (the 0.02 is the machine's idle noise, not the calls')
+    import pandas as pd
+    import yaml
+
+    from laglab.sim import calibrate
+
+    def run_dir(name, calls_per_s):
+        d = tmp_path / name
+        (d / ".hydra").mkdir(parents=True)
+        (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump({
+            "runner": {"name": "ray"}, "actor": {"envs_per_actor": 4}, "env": {"latency_ms": [2.0]},
+            "learner": {"max_kl_behavior": None}}))
+        pd.DataFrame({"learner/compute_s": [0.03]}).to_parquet(d / "metrics.parquet")
+        wall, span = 20.0, 16.0
+        calls = calls_per_s * wall
+        stats = {"0": {"steps": int(calls * 128), "rollouts": calls, "snapshot_s": 0.1, "infer_s": 1.0,
+                       "env_s": calls * 128 * 2.3e-3, "cpu_s": 5.0, "env_cpu_s": 0.0}}
+        (d / "summary.json").write_text(json.dumps({
+            "status": "completed", "actors_stats": stats, "wall_time_s": wall,
+            "cpu": {"span_s": span, "others_cpu_s": span * (0.02 + 2e-3 * calls_per_s)}}))
+        return d
+
+    assert calibrate([run_dir("slow", 10), run_dir("fast", 40)])["call_cpu_s"] == pytest.approx(2e-3)
+    assert calibrate([tmp_path / "slow"])["call_cpu_s"] == pytest.approx((0.02 + 0.02) / 10)  # (one run: its ratio)

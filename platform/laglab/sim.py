@@ -27,7 +27,8 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   flight), each reserving its rollout from the budget when issued; an actor runs its calls one after another
   (loading the newest snapshot first, as above); a receiver takes each answer, puts its fragments in the queue
   (waiting where ``block`` says) and issues that actor's next call. Ray's per-call costs are ``call_s`` (the
-  board's round trip, a wait), the actor's CPU and the learner's ``fragment_s`` as calibrated from a Ray run. Ray
+  board's round trip, a wait), ``call_cpu_s`` (what the board and Ray's own processes compute for it, on a core),
+  the actor's CPU and the learner's ``fragment_s`` as calibrated from a Ray run. Ray
   workers are not niced: on Ray the learner does not preempt actors, it queues for a core with them. An actor
   waiting for its next call counts as throttled (``actor_throttle_frac``). Not modelled: the answer's trip back,
   the board's update after a publication, and the receiver thread sharing the learner's GIL (the first look at
@@ -83,6 +84,8 @@ class Costs:
                              # scheduler, Ray's per-worker threads); fitted by --calibrate over runs at two counts
     call_s: float = 0.0  # runner=ray: an actor's wait per call for the snapshot board's answer and the snapshot
                          # (a round trip through Ray: holds no core)
+    call_cpu_s: float = 0.0  # runner=ray: CPU per call outside the actors and the learner (the snapshot board's
+                             # answer, Ray's raylet and GCS): held on a core, beside the actor's wait
     startup_s: float = 0.0  # from the run's start to the actors' first env step (counted in sps, as a run does)
     cores: float = 2.0  # CPUs shared by the learner and the actors
 
@@ -373,6 +376,8 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             st["throttle_s"] += env.now - t0  # (idle: no call from the learner)
             if token == "stop":
                 break
+            if costs.call_cpu_s > 0:  # (the board and Ray's own processes compute for the call, on a core)
+                env.process(_cpu(env, cpu, costs.call_cpu_s, 1))
             if costs.call_s > 0:
                 yield env.timeout(costs.call_s)  # (asking the board: the newest version as the answer arrives)
             version = yield from refresh(version)
@@ -552,7 +557,9 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     loads per env step (env code, bookkeeping, sends, polls: what makes many actors contend for cores), and the
     latency env's ``step_wait_s`` is what its steps took beyond the latency and their own CPU (``env_cpu_s``).
     Ray runs: each call's round trip to the snapshot board is ``call_s`` (a wait; the decoding CPU is in
-    ``cpu_s``). Runs at two or more actor counts also give ``crowding_s``: the growth of that CPU per env step with
+    ``cpu_s``) and, where the run read the machine's other processes' CPU (``cpu.others_cpu_s``: Ray's raylet, GCS
+    and snapshot board on a local instance), ``call_cpu_s`` is that CPU per call (the slope over runs at two call
+    rates; one run: its ratio). Runs at two or more actor counts also give ``crowding_s``: the growth of that CPU per env step with
     the actors per core (:func:`crowding_fit`; Ray workers' grows ~1.6 us per worker on two cores). All runs must be
     of one runner. Calibrate on a quiet machine: under load every cost grows."""
     import pandas as pd
@@ -562,6 +569,7 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     cores = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     crowded: List[Tuple[float, float]] = []  # (actors per core, the actors' CPU per env step) of each run
     envs: List[int] = []  # each run's envs per actor
+    others: List[Tuple[float, float]] = []  # Ray runs: (calls per second, the other processes' CPU per second)
     used = []
     runners: Dict[str, str] = {}
     for d in map(Path, run_dirs):
@@ -605,6 +613,11 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
                 per["call_s"].append(fetch / max(calls, 1))
                 per["fetch_s"].append(0.0)
                 fetch = 0.0
+                w = s.get("cpu") or {}  # the machine's other processes (Ray's own) while it ran: per call, by rate
+                if w.get("others_cpu_s") is not None and w.get("span_s") and s.get("wall_time_s"):
+                    span = float(w["span_s"])
+                    in_window = calls * min(1.0, span / float(s["wall_time_s"]))
+                    others.append((in_window / span, float(w["others_cpu_s"]) / span))
             # the actors' CPU besides inference and snapshot loads (env code, sends, polls), per env step, where
             # the run measured its actors' processes; else (older runs, in-process runners) the env's time
             step_cpu = max(0.0, cpu - infer - fetch) / steps if cpu > 0 and own_process else None
@@ -630,6 +643,11 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     if fit is not None:  # the line is the whole CPU per env step; step_cpu_s is what it holds besides inference
         at_zero, out["crowding_s"] = fit
         out["step_cpu_s"] = max(0.0, at_zero - float(np.median([x / e for x, e in zip(per["infer_s"], envs)])))
+    if others:  # the slope over runs at two call rates (what is left at none is the machine's idle noise)
+        rate = np.asarray([o[0] for o in others])
+        busy = np.asarray([o[1] for o in others])
+        per_call = float(np.polyfit(rate, busy, 1)[0]) if len(set(rate.tolist())) > 1 else float(busy[0] / rate[0])
+        out["call_cpu_s"] = max(0.0, per_call)
     out["cores"] = cores
     out["calibrated_from"] = used
     return out

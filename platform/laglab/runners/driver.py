@@ -29,6 +29,21 @@ from .supervisor import ActorFailed, check_stop, wait_unless_stopped
 log = logging.getLogger("laglab")
 
 
+def machine_busy_s() -> Optional[float]:
+    """CPU seconds the whole machine has computed since boot (/proc/stat: user, nice, system, irq, softirq), or None
+    where that is not the run's machine to read: not Linux, or fewer usable CPUs than the machine counts (a
+    container's cpuset or quota on a bigger host, whose other tenants /proc/stat would count too)."""
+    try:
+        if usable_cpus() != os.cpu_count():
+            return None
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:8]]  # user nice system idle iowait irq softirq
+    except (OSError, ValueError):
+        return None
+    busy = sum(ticks) - ticks[3] - ticks[4]  # (not steal: the hypervisor's other guests)
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
 class LearnerDriver:
     """``link_steps()`` is what the runner's links still hold (steps of fragments handed over whose first copy
     has not arrived) and ``queue_steps()`` the first-copy steps in its queue (both read under the ledger's lock); ``gauges()`` adds the runner's own readings (queue depth,
@@ -230,19 +245,23 @@ class LearnerDriver:
         fragments in, this process's CPU seconds), cumulative."""
         return (time.perf_counter(), sum(getattr(s, "cpu_s", 0.0) for s in stats.values()),
                 sum(getattr(s, "cpu_wait_s", 0.0) for s in stats.values()), self.wait_s - self.offer_total,
-                time.process_time())
+                time.process_time(), machine_busy_s())
 
     def _cpu_window(self, a: Tuple[float, ...], b: Tuple[float, ...]) -> Optional[Dict[str, float]]:
         """What happened between two readings; None when an actor's counters went back (a restarted actor
         counts from 0) or there is no span."""
         span = b[0] - a[0]
-        cpu, wait, idle, own = (y - x for x, y in zip(a[1:], b[1:]))
+        cpu, wait, idle, own = (y - x for x, y in zip(a[1:5], b[1:5]))
         if span <= 0 or cpu < 0 or wait < 0:
             return None
         # the run's own share of the CPUs it may use; unknown for a Ray cluster (actors on other hosts' CPUs)
         local = self.cfg.runner.name.value != "ray" or getattr(self.cfg.runner, "address", None) in (None, "", "local")
+        # what every other process on the machine computed meanwhile (Ray's own: raylet, GCS, the snapshot board;
+        # or another job's load), where the machine's CPUs are the run's (/proc/stat counts them all)
+        others = b[5] - a[5] - cpu - own if local and a[5] is not None and b[5] is not None else None
         return {"span_s": span, "actors_cpu_s": cpu, "actors_wait_s": wait, "learner_wait_frac": idle / span,
-                "learner_cpu_s": own, "run_cpu_share": (cpu + own) / (span * usable_cpus()) if local else None}
+                "learner_cpu_s": own, "run_cpu_share": (cpu + own) / (span * usable_cpus()) if local else None,
+                "others_cpu_s": max(0.0, others) if others is not None else None}
 
     def _watch_cpu(self, stats: Mapping[int, ActorStats]) -> None:
         """Say once, while it happens, when other processes starve the actors of CPU (console.cpu_starved: the
