@@ -335,6 +335,15 @@ def cpu_quota(files: Optional[Sequence[str]] = None) -> Optional[int]:
     return best
 
 
+def machine_cpu_ticks() -> typing.Tuple[int, int]:
+    """(every CPU's time, their busy time: all but idle and iowait) since boot, in clock ticks, from /proc/stat
+    (the whole machine's, whatever this process may use; OSError where there is none)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    total = sum(v[:8])
+    return total, total - v[3] - v[4]
+
+
 def usable_cpus() -> int:
     """CPUs this process may run on: its affinity (taskset, cgroups' cpusets, SLURM), capped by a cgroup's CPU quota
     (a container limited to 2 CPUs on a 64-CPU host may still see all 64 in its affinity) — not the machine's count."""

@@ -104,11 +104,11 @@ def _cpu_jiffies() -> Tuple[int, int, int]:
     reaped, plus what this process reaped; so a run's own actors are never "other" load. Ray's workers are not
     descendants (Ray's raylet starts them)."""
     import os
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
+
+    from .config import machine_cpu_ticks
+    total, busy = machine_cpu_ticks()
     stats = proc_stats(reaped=True)
-    total = sum(v[:8])
-    return total, total - v[3] - v[4], sum(stats[p][1] for p in descendants(stats, os.getpid()) if p in stats)
+    return total, busy, sum(stats[p][1] for p in descendants(stats, os.getpid()) if p in stats)
 
 
 def proc_stats(reaped: bool) -> Dict[int, Tuple[int, int]]:

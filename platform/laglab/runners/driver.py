@@ -17,7 +17,7 @@ from ..console import cpu_starved, starved_text
 from ..accounting import Balance, Budget, Ledger, merged
 from ..actor import ActorStats
 from ..admission import Admission
-from ..config import Config, usable_cpus
+from ..config import Config, machine_cpu_ticks, usable_cpus
 from ..fragment import Fragment
 from ..config import batch_fragments
 from ..learner import Learner, lag_ok
@@ -30,18 +30,15 @@ log = logging.getLogger("laglab")
 
 
 def machine_busy_s() -> Optional[float]:
-    """CPU seconds the whole machine has computed since boot (/proc/stat: user, nice, system, irq, softirq), or None
+    """CPU seconds the whole machine has been busy since boot (:func:`laglab.config.machine_cpu_ticks`), or None
     where that is not the run's machine to read: not Linux, or fewer usable CPUs than the machine counts (a
     container's cpuset or quota on a bigger host, whose other tenants /proc/stat would count too)."""
     try:
         if usable_cpus() != os.cpu_count():
             return None
-        with open("/proc/stat") as f:
-            ticks = [int(x) for x in f.readline().split()[1:8]]  # user nice system idle iowait irq softirq
-    except (OSError, ValueError):
+        return machine_cpu_ticks()[1] / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
         return None
-    busy = sum(ticks) - ticks[3] - ticks[4]  # (not steal: the hypervisor's other guests)
-    return busy / os.sysconf("SC_CLK_TCK")
 
 
 class LearnerDriver:
