@@ -370,8 +370,11 @@ def test_on_ray_what_the_board_and_rays_processes_compute_per_call_takes_a_core(
 
 
 def test_calibration_takes_the_other_processes_cpu_per_call_from_two_call_rates(tmp_path):
-    # a local Ray run reads the machine's CPU besides its own (cpu.others_cpu_s): at 10 and 40 calls a second,
-    # 0.02 + 2 ms x rate cores -> 2 ms per call (the 0.02 is the machine's idle noise, not the calls')
+    # per update a run logs the learner's and the machine's cumulative CPU (actors.parquet: the actors'): over the
+    # middle half of the updates the rest is the other processes' (Ray's own). At 10 and 40 calls a second,
+    # 0.02 + 2 ms x rate cores -> 2 ms per call (the 0.02 is the machine's idle noise, not the calls'); the workers'
+    # start (5 s of CPU before the second update) is outside the window
+    import numpy as np
     import pandas as pd
     import yaml
 
@@ -383,15 +386,46 @@ def test_calibration_takes_the_other_processes_cpu_per_call_from_two_call_rates(
         (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump({
             "runner": {"name": "ray"}, "actor": {"envs_per_actor": 4}, "env": {"latency_ms": [2.0]},
             "learner": {"max_kl_behavior": None}}))
-        pd.DataFrame({"learner/compute_s": [0.03]}).to_parquet(d / "metrics.parquet")
-        wall, span = 20.0, 16.0
-        calls = calls_per_s * wall
+        t = np.arange(8, dtype=float)
+        busy = (0.1 + 0.05 + 0.02 + 2e-3 * calls_per_s) * t + np.where(t >= 1, 5.0, 0.0)
+        pd.DataFrame({"update": np.arange(1, 9), "wall_time": t, "learner/compute_s": 0.03,
+                      "cpu/learner_s": 0.05 * t, "cpu/machine_busy_s": busy}).to_parquet(d / "metrics.parquet")
+        pd.DataFrame({"update": np.arange(1, 9), "actor": 0, "cpu_s": 0.1 * t,
+                      "rollouts": calls_per_s * t}).to_parquet(d / "actors.parquet")
+        calls = calls_per_s * 8
         stats = {"0": {"steps": int(calls * 128), "rollouts": calls, "snapshot_s": 0.1, "infer_s": 1.0,
-                       "env_s": calls * 128 * 2.3e-3, "cpu_s": 5.0, "env_cpu_s": 0.0}}
-        (d / "summary.json").write_text(json.dumps({
-            "status": "completed", "actors_stats": stats, "wall_time_s": wall,
-            "cpu": {"span_s": span, "others_cpu_s": span * (0.02 + 2e-3 * calls_per_s)}}))
+                       "env_s": calls * 128 * 2.3e-3, "cpu_s": 0.8, "env_cpu_s": 0.0}}
+        (d / "summary.json").write_text(json.dumps({"status": "completed", "actors_stats": stats}))
         return d
 
     assert calibrate([run_dir("slow", 10), run_dir("fast", 40)])["call_cpu_s"] == pytest.approx(2e-3)
     assert calibrate([tmp_path / "slow"])["call_cpu_s"] == pytest.approx((0.02 + 0.02) / 10)  # (one run: its ratio)
+
+
+def test_calibration_takes_what_it_measures_as_wall_time_from_the_least_crowded_runs(tmp_path):
+    # among crowded actors an inference, a sleep's overshoot, an update take longer in wall time (waits for a core):
+    # those costs come from the runs with the fewest actors per core; the CPU per env step is the line over all
+    import pandas as pd
+    import yaml
+
+    from laglab.sim import calibrate
+
+    def run_dir(n, overshoot, infer, cpu_per_step):
+        d = tmp_path / f"a{n}"
+        (d / ".hydra").mkdir(parents=True)
+        (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump({
+            "runner": {"name": "process"}, "actor": {"envs_per_actor": 4}, "env": {"latency_ms": [2.0]},
+            "learner": {"max_kl_behavior": None}}))
+        pd.DataFrame({"learner/compute_s": [0.01 * n]}).to_parquet(d / "metrics.parquet")
+        steps = 12800
+        stats = {str(i): {"steps": steps, "rollouts": 100, "loads": 0, "snapshot_s": 0.0, "infer_s": steps / 4 * infer,
+                          "env_s": steps * (2e-3 + overshoot), "cpu_s": steps * cpu_per_step,
+                          "env_cpu_s": steps * 10e-6}
+                 for i in range(n)}
+        (d / "summary.json").write_text(json.dumps({"status": "completed", "actors_stats": stats}))
+        return d
+
+    out = calibrate([run_dir(24, 1e-3, 240e-6, 90e-6), run_dir(6, 0.1e-3, 120e-6, 60e-6)])
+    assert out["step_wait_s"] == pytest.approx(0.1e-3 - 10e-6) and out["infer_s"] == pytest.approx(120e-6)
+    assert out["update_s"] == pytest.approx(0.06)
+    assert out["crowding_s"] > 0 and out["step_cpu_s"] + out["infer_s"] / 4 < 60e-6  # (the line's value at none)

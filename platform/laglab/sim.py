@@ -565,10 +565,9 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     import pandas as pd
     import yaml
 
-    per: Dict[str, List[float]] = collections.defaultdict(list)
     cores = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    costs: List[Tuple[float, Dict[str, float]]] = []  # (actors per core, its costs) of each run
     crowded: List[Tuple[float, float]] = []  # (actors per core, the actors' CPU per env step) of each run
-    envs: List[int] = []  # each run's envs per actor
     others: List[Tuple[float, float]] = []  # Ray runs: (calls per second, the other processes' CPU per second)
     used = []
     runners: Dict[str, str] = {}
@@ -591,18 +590,18 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
         if len(set(runners.values())) > 1:
             raise SimError("calibrate on runs of one runner (their costs differ): got " +
                            ", ".join(f"{k}: {v}" for k, v in runners.items()))
-        per["update_s"].append(float(m["learner/compute_s"].median()))
+        c: Dict[str, float] = {"update_s": float(m["learner/compute_s"].median())}
         if "learner/offer_s" in m:  # the learner's time per fragment, plus the receiver thread's (process runner)
             frags = float(s["transport"]["admitted_fragments"])
             recv = float(m["transport/receive_s"].iloc[-1]) if "transport/receive_s" in m else 0.0  # (net of
             # time blocked on a full queue: the process runner logs it so)
-            per["fragment_s"].append((float(m["learner/offer_s"].sum()) + recv) / max(frags, 1.0))
+            c["fragment_s"] = (float(m["learner/offer_s"].sum()) + recv) / max(frags, 1.0)
         stats = {int(k): a for k, a in (s.get("actors_stats") or {}).items()}  # actor id -> its stats
+        crowding = len(stats) / cores
         steps = sum(a.get("steps", 0) for a in stats.values())
         if steps:
             infer = sum(a.get("infer_s", 0.0) for a in stats.values())
-            per["infer_s"].append(infer / (steps / E))
-            envs.append(E)
+            c["infer_s"] = infer / (steps / E)
             env_s = sum(a.get("env_s", 0.0) for a in stats.values())
             fetch = sum(a.get("snapshot_s", 0.0) for a in stats.values())
             cpu = sum(a.get("cpu_s", 0.0) for a in stats.values())
@@ -610,39 +609,45 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
             own_process = runner in ("process", "ray")
             if runner == "ray":  # each call asks the board (a Ray round trip) and maybe loads: a wait per call, whose
                 calls = sum(a.get("rollouts", 0) for a in stats.values())  # CPU is in the actor's cpu_s
-                per["call_s"].append(fetch / max(calls, 1))
-                per["fetch_s"].append(0.0)
+                c["call_s"] = fetch / max(calls, 1)
+                c["fetch_s"] = 0.0
                 fetch = 0.0
-                w = s.get("cpu") or {}  # the machine's other processes (Ray's own) while it ran: per call, by rate
-                if w.get("others_cpu_s") is not None and w.get("span_s") and s.get("wall_time_s"):
-                    span = float(w["span_s"])
-                    in_window = calls * min(1.0, span / float(s["wall_time_s"]))
-                    others.append((in_window / span, float(w["others_cpu_s"]) / span))
+                o = others_over_steady(d, m)
+                if o is not None:
+                    others.append(o)
             # the actors' CPU besides inference and snapshot loads (env code, sends, polls), per env step, where
             # the run measured its actors' processes; else (older runs, in-process runners) the env's time
             step_cpu = max(0.0, cpu - infer - fetch) / steps if cpu > 0 and own_process else None
             if lat:  # env=latency sleeps: its steps' time beyond the latency and their own CPU held no core
                 wait = sum(lat[i % len(lat)] / 1000.0 * a.get("steps", 0) for i, a in stats.items())
                 in_env = env_cpu if env_cpu > 0 else (step_cpu or 0.0) * steps  # (older runs: all of it)
-                per["step_wait_s"].append(max(0.0, (env_s - wait - in_env) / steps))
+                c["step_wait_s"] = max(0.0, (env_s - wait - in_env) / steps)
                 if step_cpu is not None:
-                    per["step_cpu_s"].append(step_cpu)
+                    c["step_cpu_s"] = step_cpu
             else:
-                per["step_cpu_s"].append(max(env_s / steps, step_cpu or 0.0))
+                c["step_cpu_s"] = max(env_s / steps, step_cpu or 0.0)
             if step_cpu is not None:  # (the whole CPU per env step, inference included: it grows too)
-                crowded.append((len(stats) / cores, per["step_cpu_s"][-1] + per["infer_s"][-1] / E))
+                crowded.append((crowding, c["step_cpu_s"] + c["infer_s"] / E))
             loads = sum(a.get("loads", 0) for a in stats.values())
             if loads and runner != "ray":
-                per["fetch_s"].append(fetch / loads)
+                c["fetch_s"] = fetch / loads
         su = s.get("startup") or {}
         if su.get("first_env_step") is not None and su.get("learner") is not None:
-            per["startup_s"].append(max(0.0, float(su["first_env_step"]) - float(su["learner"])))
+            c["startup_s"] = max(0.0, float(su["first_env_step"]) - float(su["learner"]))
+        costs.append((crowding, c))
         used.append(str(d))
-    out: Dict[str, object] = {k: float(np.median(v)) for k, v in per.items()}
+    # every cost measured as wall time (an update, a fragment, an inference, a wait) also holds the waits for a core
+    # among crowded actors: those come from the least crowded runs (medians over them); the actors' CPU, measured
+    # as CPU time, is a line over every run (crowding_s), and the other processes' a slope over every call rate
+    least = min(x for x, _ in costs)
+    calm = [c for x, c in costs if x == least]
+    out: Dict[str, object] = {k: float(np.median([c[k] for c in calm if k in c]))
+                              for k in dict.fromkeys(k for c in calm for k in c)}
     fit = crowding_fit(crowded)
     if fit is not None:  # the line is the whole CPU per env step; step_cpu_s is what it holds besides inference
         at_zero, out["crowding_s"] = fit
-        out["step_cpu_s"] = max(0.0, at_zero - float(np.median([x / e for x, e in zip(per["infer_s"], envs)])))
+        E = int(yaml.safe_load((Path(used[0]) / ".hydra" / "config.yaml").read_text())["actor"]["envs_per_actor"])
+        out["step_cpu_s"] = max(0.0, at_zero - float(out["infer_s"]) / E)
     if others:  # the slope over runs at two call rates (what is left at none is the machine's idle noise)
         rate = np.asarray([o[0] for o in others])
         busy = np.asarray([o[1] for o in others])
@@ -651,6 +656,31 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     out["cores"] = cores
     out["calibrated_from"] = used
     return out
+
+
+def others_over_steady(run_dir: Path, m) -> Optional[Tuple[float, float]]:
+    """(calls per second, the CPU per second of every process but the run's actors and learner) over the middle half
+    of a run's updates (as :func:`steady_rate`: not the actors' start, when Ray's workers import and build), from
+    the per-update readings (metrics ``cpu/machine_busy_s``, ``cpu/learner_s``; actors.parquet ``cpu_s``,
+    ``rollouts``); None where the run has no machine reading (an older run, a machine that is not the run's)."""
+    import pandas as pd
+
+    if any(k not in m for k in ("cpu/machine_busy_s", "cpu/learner_s", "update")) or len(m) < 4 \
+            or m["cpu/machine_busy_s"].isna().any() or not (run_dir / "actors.parquet").exists():
+        return None
+    i, j = len(m) // 4, (3 * len(m)) // 4
+    a = pd.read_parquet(run_dir / "actors.parquet")
+    u0, u1 = m["update"].iloc[i], m["update"].iloc[j]
+    at = {u: a[a["update"] == u].set_index("actor") for u in (u0, u1)}
+    if at[u0].empty or at[u1].empty:
+        return None
+    d = (at[u1][["cpu_s", "rollouts"]] - at[u0][["cpu_s", "rollouts"]].reindex(at[u1].index).fillna(0.0)).sum()
+    span = float(m["wall_time"].iloc[j] - m["wall_time"].iloc[i])
+    if span <= 0:
+        return None
+    busy = float(m["cpu/machine_busy_s"].iloc[j] - m["cpu/machine_busy_s"].iloc[i])
+    learner = float(m["cpu/learner_s"].iloc[j] - m["cpu/learner_s"].iloc[i])
+    return float(d["rollouts"]) / span, max(0.0, busy - learner - float(d["cpu_s"])) / span
 
 
 def crowding_fit(points: Sequence[Tuple[float, float]]) -> Optional[Tuple[float, float]]:

@@ -36,9 +36,13 @@ def machine_busy_s() -> Optional[float]:
     try:
         if usable_cpus() != os.cpu_count():
             return None
-        return machine_cpu_ticks()[1] / os.sysconf("SC_CLK_TCK")
+        return _busy_s()
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _busy_s() -> float:
+    return machine_cpu_ticks()[1] / os.sysconf("SC_CLK_TCK")
 
 
 class LearnerDriver:
@@ -88,6 +92,8 @@ class LearnerDriver:
         self.compute_s = 0.0
         self.stalls = 0
         self._cpu_first: Optional[Tuple[float, ...]] = None  # the first update's CPU reading (see _cpu_reading)
+        # the machine's busy seconds, where its CPUs are the run's (judged once: read at every update)
+        self._machine_busy: Callable[[], Optional[float]] = _busy_s if machine_busy_s() is not None else lambda: None
         self._cpu_mark: Optional[Tuple[float, ...]] = None  # the last check's
         self.offer_total = 0.0  # the learner's time taking fragments in, over the run
         self.cpu_warned = False  # starved actors were reported (see _watch_cpu)
@@ -213,6 +219,11 @@ class LearnerDriver:
         m["learner/wait_frac"] = self.wait_s / max(self.wait_s + self.compute_s, 1e-9)
         m["learner/updates_per_s"] = self.learner.updates / max(self.tracker.wall(), 1e-9)
         m.update(self.gauges())
+        # cumulative CPU seconds (an analysis takes differences over a window, as laglab.sim --calibrate does over
+        # the steady middle half): the learner's process, every thread; the whole machine, where it is the run's
+        m["cpu/learner_s"] = time.process_time()
+        busy = self._machine_busy()
+        m["cpu/machine_busy_s"] = busy if busy is not None else float("nan")
         self._kl_offered = []
         if cap is not None:
             m["learner/kl_publications"] = float(self.kl_publications)
@@ -242,7 +253,7 @@ class LearnerDriver:
         fragments in, this process's CPU seconds), cumulative."""
         return (time.perf_counter(), sum(getattr(s, "cpu_s", 0.0) for s in stats.values()),
                 sum(getattr(s, "cpu_wait_s", 0.0) for s in stats.values()), self.wait_s - self.offer_total,
-                time.process_time(), machine_busy_s())
+                time.process_time(), self._machine_busy())
 
     def _cpu_window(self, a: Tuple[float, ...], b: Tuple[float, ...]) -> Optional[Dict[str, float]]:
         """What happened between two readings; None when an actor's counters went back (a restarted actor
