@@ -557,16 +557,18 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     loads per env step (env code, bookkeeping, sends, polls: what makes many actors contend for cores), and the
     latency env's ``step_wait_s`` is what its steps took beyond the latency and their own CPU (``env_cpu_s``).
     Ray runs: each call's round trip to the snapshot board is ``call_s`` (a wait; the decoding CPU is in
-    ``cpu_s``) and, where the run read the machine's other processes' CPU (``cpu.others_cpu_s``: Ray's raylet, GCS
-    and snapshot board on a local instance), ``call_cpu_s`` is that CPU per call (the slope over runs at two call
-    rates; one run: its ratio). Runs at two or more actor counts also give ``crowding_s``: the growth of that CPU per env step with
-    the actors per core (:func:`crowding_fit`; Ray workers' grows ~1.6 us per worker on two cores). All runs must be
-    of one runner. Calibrate on a quiet machine: under load every cost grows."""
+    ``cpu_s``) and, where the run logged the machine's CPU (metrics ``cpu/machine_busy_s``: a local instance),
+    ``call_cpu_s`` is what every other process computed per call over the middle half of the updates (Ray's raylet,
+    GCS and snapshot board; the slope over runs at two call rates, one run: its ratio). Runs at two or more actor
+    counts also give ``crowding_s``: the growth of the actors' CPU per env step with the actors per core
+    (:func:`crowding_fit`). What is measured as wall time (updates, fragments, inference, waits) comes from the
+    runs with the fewest actors per core: among crowded actors it also holds waits for a core, which the model
+    makes itself. All runs must be of one runner. Calibrate on a quiet machine: under load every cost grows."""
     import pandas as pd
     import yaml
 
     cores = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-    costs: List[Tuple[float, Dict[str, float]]] = []  # (actors per core, its costs) of each run
+    costs: List[Tuple[float, int, Dict[str, float]]] = []  # (actors per core, envs per actor, its costs) of each run
     crowded: List[Tuple[float, float]] = []  # (actors per core, the actors' CPU per env step) of each run
     others: List[Tuple[float, float]] = []  # Ray runs: (calls per second, the other processes' CPU per second)
     used = []
@@ -634,20 +636,20 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
         su = s.get("startup") or {}
         if su.get("first_env_step") is not None and su.get("learner") is not None:
             c["startup_s"] = max(0.0, float(su["first_env_step"]) - float(su["learner"]))
-        costs.append((crowding, c))
+        costs.append((crowding, E, c))
         used.append(str(d))
     # every cost measured as wall time (an update, a fragment, an inference, a wait) also holds the waits for a core
     # among crowded actors: those come from the least crowded runs (medians over them); the actors' CPU, measured
     # as CPU time, is a line over every run (crowding_s), and the other processes' a slope over every call rate
-    least = min(x for x, _ in costs)
-    calm = [c for x, c in costs if x == least]
-    out: Dict[str, object] = {k: float(np.median([c[k] for c in calm if k in c]))
-                              for k in dict.fromkeys(k for c in calm for k in c)}
+    least = min(x for x, _, _ in costs)
+    calm = [(E, c) for x, E, c in costs if x == least]
+    out: Dict[str, object] = {k: float(np.median([c[k] for _, c in calm if k in c]))
+                              for k in dict.fromkeys(k for _, c in calm for k in c)}
     fit = crowding_fit(crowded)
     if fit is not None:  # the line is the whole CPU per env step; step_cpu_s is what it holds besides inference
         at_zero, out["crowding_s"] = fit
-        E = int(yaml.safe_load((Path(used[0]) / ".hydra" / "config.yaml").read_text())["actor"]["envs_per_actor"])
-        out["step_cpu_s"] = max(0.0, at_zero - float(out["infer_s"]) / E)
+        infer = [c["infer_s"] / E for E, c in calm if "infer_s" in c]
+        out["step_cpu_s"] = max(0.0, at_zero - float(np.median(infer)))
     if others:  # the slope over runs at two call rates (what is left at none is the machine's idle noise)
         rate = np.asarray([o[0] for o in others])
         busy = np.asarray([o[1] for o in others])

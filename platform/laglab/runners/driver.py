@@ -29,20 +29,17 @@ from .supervisor import ActorFailed, check_stop, wait_unless_stopped
 log = logging.getLogger("laglab")
 
 
-def machine_busy_s() -> Optional[float]:
+def machine_busy_s(ours: Optional[bool] = None) -> Optional[float]:
     """CPU seconds the whole machine has been busy since boot (:func:`laglab.config.machine_cpu_ticks`), or None
     where that is not the run's machine to read: not Linux, or fewer usable CPUs than the machine counts (a
-    container's cpuset or quota on a bigger host, whose other tenants /proc/stat would count too)."""
+    container's cpuset or quota on a bigger host, whose other tenants /proc/stat would count too). ``ours``: that
+    judgement, if already made (it reads cgroup files)."""
     try:
-        if usable_cpus() != os.cpu_count():
+        if not (ours if ours is not None else usable_cpus() == os.cpu_count()):
             return None
-        return _busy_s()
+        return machine_cpu_ticks()[1] / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
-
-
-def _busy_s() -> float:
-    return machine_cpu_ticks()[1] / os.sysconf("SC_CLK_TCK")
 
 
 class LearnerDriver:
@@ -92,8 +89,7 @@ class LearnerDriver:
         self.compute_s = 0.0
         self.stalls = 0
         self._cpu_first: Optional[Tuple[float, ...]] = None  # the first update's CPU reading (see _cpu_reading)
-        # the machine's busy seconds, where its CPUs are the run's (judged once: read at every update)
-        self._machine_busy: Callable[[], Optional[float]] = _busy_s if machine_busy_s() is not None else lambda: None
+        self._machine_ours = usable_cpus() == os.cpu_count()  # (judged once: the machine is read at every update)
         self._cpu_mark: Optional[Tuple[float, ...]] = None  # the last check's
         self.offer_total = 0.0  # the learner's time taking fragments in, over the run
         self.cpu_warned = False  # starved actors were reported (see _watch_cpu)
@@ -222,7 +218,7 @@ class LearnerDriver:
         # cumulative CPU seconds (an analysis takes differences over a window, as laglab.sim --calibrate does over
         # the steady middle half): the learner's process, every thread; the whole machine, where it is the run's
         m["cpu/learner_s"] = time.process_time()
-        busy = self._machine_busy()
+        busy = machine_busy_s(self._machine_ours)
         m["cpu/machine_busy_s"] = busy if busy is not None else float("nan")
         self._kl_offered = []
         if cap is not None:
@@ -253,7 +249,7 @@ class LearnerDriver:
         fragments in, this process's CPU seconds), cumulative."""
         return (time.perf_counter(), sum(getattr(s, "cpu_s", 0.0) for s in stats.values()),
                 sum(getattr(s, "cpu_wait_s", 0.0) for s in stats.values()), self.wait_s - self.offer_total,
-                time.process_time(), self._machine_busy())
+                time.process_time(), machine_busy_s(self._machine_ours))
 
     def _cpu_window(self, a: Tuple[float, ...], b: Tuple[float, ...]) -> Optional[Dict[str, float]]:
         """What happened between two readings; None when an actor's counters went back (a restarted actor
