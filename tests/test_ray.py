@@ -70,6 +70,7 @@ def test_actors_spread_over_the_nodes_and_a_lost_node_costs_nothing_but_its_acto
     assert s["actor_restarts"] >= 2  # the lost node's two actors, restarted with new incarnations elsewhere
     assert t["misattributed"] == 0 and balanced(t)
     assert s["env_id"] == TAGGED_ID
+    assert s["cpu"]["actor_nice"] == 15, s["cpu"]  # (what the workers said in ready(): Ray's worker_niceness)
 
 
 def test_a_ray_kill_is_booked_and_the_slot_restarts(cluster, tmp_path, monkeypatch):

@@ -28,8 +28,8 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   (loading the newest snapshot first, as above); a receiver takes each answer, puts its fragments in the queue
   (waiting where ``block`` says) and issues that actor's next call. Ray's per-call costs are ``call_s`` (the
   board's round trip, a wait), ``call_cpu_s`` (what the board and Ray's own processes compute for it, on a core),
-  the actor's CPU and the learner's ``fragment_s`` as calibrated from a Ray run. Ray
-  workers are not niced: on Ray the learner does not preempt actors, it queues for a core with them. An actor
+  the actor's CPU and the learner's ``fragment_s`` as calibrated from a Ray run. Ray starts its workers at nice 15
+  (``worker_niceness``), so the learner preempts them as it does the process runner's actors. An actor
   waiting for its next call counts as throttled (``actor_throttle_frac``). Not modelled: the answer's trip back,
   the board's update after a publication, and the receiver thread sharing the learner's GIL (the first look at
   Ray runs measured mean lag 17-21% above the model's).
@@ -38,8 +38,9 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   (``Costs.update_s``), publishes every ``learner.broadcast_every`` updates (the snapshot ``actor.fixed_lag``
   publications back, if set) with the actors' credit; when it finds the queue empty for ``runner.poll_s`` it
   grants credit for what it has taken (as ``serve`` does).
-* **CPU**: ``Costs.cores`` CPUs shared by everything that computes. The learner preempts actors (actor processes
-  run at nice 19; not on Ray); actors queue for a core among themselves. Waiting on an env (a sleep) holds no core.
+* **CPU**: ``Costs.cores`` CPUs shared by everything that computes. The learner preempts actors (process actors
+  run at nice 19, Ray's workers at 15); actors queue for a core among themselves. Waiting on an env (a sleep) holds
+  no core.
   Actors crowded on cores cost each other: their CPU per env step is ``step_cpu_s + crowding_s x actors / cores``
   (a line fitted over calibration runs at two counts; measured growth, not a model of caches or the scheduler).
 
@@ -311,7 +312,6 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     stopped = [False] * N
     held = [False] * N  # ray: actor i has no call and the throttle gives it none (as a paused process actor)
     answers = simpy.Store(env) if ray else None
-    learner_priority = 1 if ray else 0  # process actors run at nice 19 (the learner preempts them); Ray workers do not
     # runner=process: each actor's free slots, and the pipe its fragments' headers travel in to the receiver
     slotted = cfg.runner.name.value == "process"
     if slotted:
@@ -464,7 +464,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             item = q.get()
             ages.append(env.now - item[3])
             t0 = env.now
-            yield from _cpu(env, cpu, costs.fragment_s, learner_priority)
+            yield from _cpu(env, cpu, costs.fragment_s, 0)  # (the learner preempts actors)
             st["learner_busy"] += env.now - t0
             a, steps, behavior, _ = item
             consumed[a] += steps
@@ -477,7 +477,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             if len(staged) < need:
                 continue
             t0 = env.now
-            yield from _cpu(env, cpu, costs.update_s, learner_priority)
+            yield from _cpu(env, cpu, costs.update_s, 0)
             st["learner_busy"] += env.now - t0
             lags.extend(st["version"] - s[2] for s in staged)
             st["trained"] += sum(s[1] for s in staged)
@@ -559,11 +559,13 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     Ray runs: each call's round trip to the snapshot board is ``call_s`` (a wait; the decoding CPU is in
     ``cpu_s``) and, where the run logged the machine's CPU (metrics ``cpu/machine_busy_s``: a local instance),
     ``call_cpu_s`` is what every other process computed per call over the middle half of the updates (Ray's raylet,
-    GCS and snapshot board; the slope over runs at two call rates, one run: its ratio). Runs at two or more actor
-    counts also give ``crowding_s``: the growth of the actors' CPU per env step with the actors per core
-    (:func:`crowding_fit`). What is measured as wall time (updates, fragments, inference, waits) comes from the
-    runs with the fewest actors per core: among crowded actors it also holds waits for a core, which the model
-    makes itself. All runs must be of one runner. Calibrate on a quiet machine: under load every cost grows."""
+    GCS and snapshot board; the slope over runs whose call rates are >= 1.5x apart, else the median ratio; a rough
+    figure: on this VM /proc/stat reads 5-9% below the processes' own CPU clocks, which moves it by as much as it
+    is). Runs at two or more actor counts also give ``crowding_s``: the growth of the actors' whole CPU per env step
+    (CPU time) with the actors per core (:func:`crowding_fit`); without a growth ``step_cpu_s`` is the median over
+    the runs. What is measured as wall time (updates, fragments, inference, waits) comes from the runs with the
+    fewest actors per core: among crowded actors it also holds waits for a core, which the model makes itself. All
+    runs must be of one runner and one ``actor.envs_per_actor``. Calibrate on a quiet machine: under load every cost grows."""
     import pandas as pd
     import yaml
 
@@ -573,6 +575,8 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     others: List[Tuple[float, float]] = []  # Ray runs: (calls per second, the other processes' CPU per second)
     used = []
     runners: Dict[str, str] = {}
+    if not run_dirs:
+        raise SimError("--calibrate needs at least one run dir")
     for d in map(Path, run_dirs):
         s = json.loads((d / "summary.json").read_text())
         if s.get("status") != "completed":
@@ -592,6 +596,9 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
         if len(set(runners.values())) > 1:
             raise SimError("calibrate on runs of one runner (their costs differ): got " +
                            ", ".join(f"{k}: {v}" for k, v in runners.items()))
+        if costs and E != costs[0][1]:
+            raise SimError(f"calibrate on runs of one actor.envs_per_actor (inference is per batch of envs): got "
+                           f"{costs[0][1]} and {E} ({d})")
         c: Dict[str, float] = {"update_s": float(m["learner/compute_s"].median())}
         if "learner/offer_s" in m:  # the learner's time per fragment, plus the receiver thread's (process runner)
             frags = float(s["transport"]["admitted_fragments"])
@@ -628,8 +635,8 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
                     c["step_cpu_s"] = step_cpu
             else:
                 c["step_cpu_s"] = max(env_s / steps, step_cpu or 0.0)
-            if step_cpu is not None:  # (the whole CPU per env step, inference included: it grows too)
-                crowded.append((crowding, c["step_cpu_s"] + c["infer_s"] / E))
+            if step_cpu is not None:  # the actors' whole CPU per env step, inference included (it grows too):
+                crowded.append((crowding, max(0.0, cpu - fetch) / steps))  # CPU time only, no wall time
             loads = sum(a.get("loads", 0) for a in stats.values())
             if loads and runner != "ray":
                 c["fetch_s"] = fetch / loads
@@ -645,6 +652,9 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     calm = [(E, c) for x, E, c in costs if x == least]
     out: Dict[str, object] = {k: float(np.median([c[k] for _, c in calm if k in c]))
                               for k in dict.fromkeys(k for _, c in calm for k in c)}
+    cpu_runs = [c["step_cpu_s"] for _, _, c in costs if "step_cpu_s" in c]
+    if cpu_runs:  # (measured as CPU time where the run measured its actors' processes: every run's counts)
+        out["step_cpu_s"] = float(np.median(cpu_runs))
     fit = crowding_fit(crowded)
     if fit is not None:  # the line is the whole CPU per env step; step_cpu_s is what it holds besides inference
         at_zero, out["crowding_s"] = fit
@@ -653,7 +663,10 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     if others:  # the slope over runs at two call rates (what is left at none is the machine's idle noise)
         rate = np.asarray([o[0] for o in others])
         busy = np.asarray([o[1] for o in others])
-        per_call = float(np.polyfit(rate, busy, 1)[0]) if len(set(rate.tolist())) > 1 else float(busy[0] / rate[0])
+        if rate.max() >= 1.5 * rate.min():
+            per_call = float(np.polyfit(rate, busy, 1)[0])
+        else:  # (one rate, or repeats of one count: their slope would be noise)
+            per_call = float(np.median(busy / rate))
         out["call_cpu_s"] = max(0.0, per_call)
     out["cores"] = cores
     out["calibrated_from"] = used
@@ -676,19 +689,25 @@ def others_over_steady(run_dir: Path, m) -> Optional[Tuple[float, float]]:
     at = {u: a[a["update"] == u].set_index("actor") for u in (u0, u1)}
     if at[u0].empty or at[u1].empty:
         return None
-    d = (at[u1][["cpu_s", "rollouts"]] - at[u0][["cpu_s", "rollouts"]].reindex(at[u1].index).fillna(0.0)).sum()
+    if set(at[u1].index) != set(at[u0].index):  # (an actor that started or ended in the window)
+        return None
+    diff = at[u1][["cpu_s", "rollouts"]] - at[u0][["cpu_s", "rollouts"]].reindex(at[u1].index)
+    if (diff < 0).any().any():  # (a restarted actor counts from 0 again)
+        return None
+    d = diff.sum()
     span = float(m["wall_time"].iloc[j] - m["wall_time"].iloc[i])
-    if span <= 0:
+    learner_back = m["cpu/learner_s"].iloc[j] < m["cpu/learner_s"].iloc[i]  # (a resumed run's process)
+    if span <= 0 or d["rollouts"] <= 0 or learner_back:
         return None
     busy = float(m["cpu/machine_busy_s"].iloc[j] - m["cpu/machine_busy_s"].iloc[i])
     learner = float(m["cpu/learner_s"].iloc[j] - m["cpu/learner_s"].iloc[i])
-    return float(d["rollouts"]) / span, max(0.0, busy - learner - float(d["cpu_s"])) / span
+    return float(d["rollouts"]) / span, (busy - learner - float(d["cpu_s"])) / span  # (signed: see the driver)
 
 
 def crowding_fit(points: Sequence[Tuple[float, float]]) -> Optional[Tuple[float, float]]:
     """``(step_cpu_s, crowding_s)``: the actors' CPU per env step as a line in actors per core, least squares over
     runs at two or more counts (``step_cpu_s`` its value at none, ``crowding_s`` its slope). None where the runs
-    cannot show a growth (one count) or show none (a slope <= 0: the median of the runs stands, as before). A line
+    cannot show a growth (one count) or show none (a slope <= 0: the median of the runs' step_cpu_s stands). A line
     that would cross zero goes through the origin instead (no CPU per step is negative)."""
     x = np.asarray([p[0] for p in points], float)
     y = np.asarray([p[1] for p in points], float)

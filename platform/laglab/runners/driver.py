@@ -93,7 +93,8 @@ class LearnerDriver:
         self._cpu_mark: Optional[Tuple[float, ...]] = None  # the last check's
         self.offer_total = 0.0  # the learner's time taking fragments in, over the run
         self.cpu_warned = False  # starved actors were reported (see _watch_cpu)
-        # the niceness the actors run at now: runner.actor_nice for process actors (Ray workers are not niced);
+        # the niceness the actors run at now: runner.actor_nice for process actors (Ray's runner sets what its
+        # workers report: Ray starts them at 15);
         # starved, they are raised to the learner's where the OS allows it (raise_actors(nice): None when done, else
         # why not)
         self.raise_actors = raise_actors
@@ -261,11 +262,12 @@ class LearnerDriver:
         # the run's own share of the CPUs it may use; unknown for a Ray cluster (actors on other hosts' CPUs)
         local = self.cfg.runner.name.value != "ray" or getattr(self.cfg.runner, "address", None) in (None, "", "local")
         # what every other process on the machine computed meanwhile (Ray's own: raylet, GCS, the snapshot board;
-        # or another job's load), where the machine's CPUs are the run's (/proc/stat counts them all)
+        # or another job's load), where the machine's CPUs are the run's (/proc/stat counts them all). Signed: on
+        # this VM /proc/stat's ticks read 5-9% below the processes' own CPU clocks, so a quiet process run reads < 0
         others = b[5] - a[5] - cpu - own if local and a[5] is not None and b[5] is not None else None
         return {"span_s": span, "actors_cpu_s": cpu, "actors_wait_s": wait, "learner_wait_frac": idle / span,
                 "learner_cpu_s": own, "run_cpu_share": (cpu + own) / (span * usable_cpus()) if local else None,
-                "others_cpu_s": max(0.0, others) if others is not None else None}
+                "others_cpu_s": others}
 
     def _watch_cpu(self, stats: Mapping[int, ActorStats]) -> None:
         """Say once, while it happens, when other processes starve the actors of CPU (console.cpu_starved: the

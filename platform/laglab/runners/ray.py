@@ -392,8 +392,10 @@ class _Runner:
         w.progress_at = time.monotonic()
         if kind == "ready":
             w.started = True
-            w.node = str(res)
+            node, nice = res
+            w.node = str(node)
             self.nodes.add(w.node)
+            self.driver.actor_nice = int(nice)  # (Ray's worker_niceness: one setting for every worker)
             return
         if not self.take(w, res):  # a worker that reports nonsense is replaced; the call never produced
             if steps:

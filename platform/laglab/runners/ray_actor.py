@@ -129,12 +129,15 @@ class RolloutWorker:
         self.cpu0 = time.process_time()  # (the worker's CPU before: Ray's start, imports, envs)
         self.wait0 = run_delay_s()  # (the thread that runs the calls)
 
-    def ready(self) -> str:
+    def ready(self) -> Tuple[str, int]:
         """Answers once the worker is constructed (its env made): the learner's start-up check. Returns the
-        id of the Ray node it runs on."""
+        id of the Ray node it runs on and the worker's niceness (Ray starts its workers at 15: the learner, at 0,
+        preempts them where they share its cores)."""
+        import os
+
         import ray
 
-        return ray.get_runtime_context().get_node_id()
+        return ray.get_runtime_context().get_node_id(), os.getpriority(os.PRIO_PROCESS, 0)
 
     def rollout(self, board) -> Dict[str, Any]:
         """Collect one rollout with the newest snapshot on ``board`` and report it (see the module doc)."""
