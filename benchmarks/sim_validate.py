@@ -22,7 +22,8 @@ rebuilds the table of an earlier run (give it the run's ``--actors``, ``--latenc
 The calibration runs are at 6 and 24 actors (``--calibrate-on``): no cell's count, and far enough apart, one of
 them past the cores' saturation, to show the growth of the actors' CPU per env step with their number that the model
 takes as ``crowding_s``. (At 2 actors this VM charges more CPU per step than at 8 — an idle machine's wake-ups — so
-2 and 8, the calibration until 2026-12-06, showed a growth one day and none the next.)
+2 and 8, the calibration until 2026-12-06, showed a growth one day and none the next. The counts were chosen that
+day while looking at the Ray cells 4-32: those cells are a development set; README.md says what was held out.)
 
 ``--calibrate-every cell`` takes the drift out of the validation itself, still a priori: right before each cell
 run, the calibration runs again and the model predicts that run from them (written to ``predictions.json`` before
