@@ -16,7 +16,7 @@ import typing
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -335,7 +335,7 @@ def cpu_quota(files: Optional[Sequence[str]] = None) -> Optional[int]:
     return best
 
 
-def machine_cpu_ticks() -> typing.Tuple[int, int]:
+def machine_cpu_ticks() -> Tuple[int, int]:
     """(every CPU's time, their busy time: all but idle and iowait) since boot, in clock ticks, from /proc/stat
     (the whole machine's, whatever this process may use; OSError where there is none)."""
     with open("/proc/stat") as f:

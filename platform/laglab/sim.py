@@ -539,8 +539,14 @@ def steady_rate(times: Sequence[float], trained: Sequence[float]) -> float:
     t, n = np.asarray(times, float), np.asarray(trained, float)
     if len(t) < 4:
         return float("nan")
-    i, j = len(t) // 4, (3 * len(t)) // 4
+    i, j = steady_window(len(t))
     return float((n[j] - n[i]) / (t[j] - t[i])) if t[j] > t[i] else float("nan")
+
+
+def steady_window(updates: int) -> Tuple[int, int]:
+    """The rows (0-based) of the updates a quarter and three quarters of the way through ``updates``: the steady
+    middle half that :func:`steady_rate` and the calibration's readings of other processes' CPU are taken over."""
+    return updates // 4, (3 * updates) // 4
 
 
 OUTPUTS = ("sps", "sps_steady", "lag_mean", "lag_p50", "lag_p95", "queue_depth_mean", "age_s_mean",
@@ -570,7 +576,8 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     import yaml
 
     cores = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-    costs: List[Tuple[float, int, Dict[str, float]]] = []  # (actors per core, envs per actor, its costs) of each run
+    costs: List[Tuple[float, Dict[str, float]]] = []  # (actors per core, its costs) of each run
+    envs: Optional[int] = None  # actor.envs_per_actor: one per calibration (inference is per batch of envs)
     crowded: List[Tuple[float, float]] = []  # (actors per core, the actors' CPU per env step) of each run
     others: List[Tuple[float, float]] = []  # Ray runs: (calls per second, the other processes' CPU per second)
     used = []
@@ -596,9 +603,10 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
         if len(set(runners.values())) > 1:
             raise SimError("calibrate on runs of one runner (their costs differ): got " +
                            ", ".join(f"{k}: {v}" for k, v in runners.items()))
-        if costs and E != costs[0][1]:
+        if envs is not None and E != envs:
             raise SimError(f"calibrate on runs of one actor.envs_per_actor (inference is per batch of envs): got "
-                           f"{costs[0][1]} and {E} ({d})")
+                           f"{envs} and {E} ({d})")
+        envs = E
         c: Dict[str, float] = {"update_s": float(m["learner/compute_s"].median())}
         if "learner/offer_s" in m:  # the learner's time per fragment, plus the receiver thread's (process runner)
             frags = float(s["transport"]["admitted_fragments"])
@@ -643,23 +651,22 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
         su = s.get("startup") or {}
         if su.get("first_env_step") is not None and su.get("learner") is not None:
             c["startup_s"] = max(0.0, float(su["first_env_step"]) - float(su["learner"]))
-        costs.append((crowding, E, c))
+        costs.append((crowding, c))
         used.append(str(d))
     # every cost measured as wall time (an update, a fragment, an inference, a wait) also holds the waits for a core
     # among crowded actors: those come from the least crowded runs (medians over them); the actors' CPU, measured
     # as CPU time, is a line over every run (crowding_s), and the other processes' a slope over every call rate
-    least = min(x for x, _, _ in costs)
-    calm = [(E, c) for x, E, c in costs if x == least]
-    out: Dict[str, object] = {k: float(np.median([c[k] for _, c in calm if k in c]))
-                              for k in dict.fromkeys(k for _, c in calm for k in c)}
-    cpu_runs = [c["step_cpu_s"] for _, _, c in costs if "step_cpu_s" in c]
+    least = min(x for x, _ in costs)
+    calm = [c for x, c in costs if x == least]
+    out: Dict[str, object] = {k: float(np.median([c[k] for c in calm if k in c]))
+                              for k in dict.fromkeys(k for c in calm for k in c)}
+    cpu_runs = [c["step_cpu_s"] for _, c in costs if "step_cpu_s" in c]
     if cpu_runs:  # (measured as CPU time where the run measured its actors' processes: every run's counts)
         out["step_cpu_s"] = float(np.median(cpu_runs))
     fit = crowding_fit(crowded)
     if fit is not None:  # the line is the whole CPU per env step; step_cpu_s is what it holds besides inference
         at_zero, out["crowding_s"] = fit
-        infer = [c["infer_s"] / E for E, c in calm if "infer_s" in c]
-        out["step_cpu_s"] = max(0.0, at_zero - float(np.median(infer)))
+        out["step_cpu_s"] = max(0.0, at_zero - float(out.get("infer_s", 0.0)) / envs)
     if others:  # the slope over runs at two call rates (what is left at none is the machine's idle noise)
         rate = np.asarray([o[0] for o in others])
         busy = np.asarray([o[1] for o in others])
@@ -683,7 +690,7 @@ def others_over_steady(run_dir: Path, m) -> Optional[Tuple[float, float]]:
     if any(k not in m for k in ("cpu/machine_busy_s", "cpu/learner_s", "update")) or len(m) < 4 \
             or m["cpu/machine_busy_s"].isna().any() or not (run_dir / "actors.parquet").exists():
         return None
-    i, j = len(m) // 4, (3 * len(m)) // 4
+    i, j = steady_window(len(m))
     a = pd.read_parquet(run_dir / "actors.parquet")
     u0, u1 = m["update"].iloc[i], m["update"].iloc[j]
     at = {u: a[a["update"] == u].set_index("actor") for u in (u0, u1)}

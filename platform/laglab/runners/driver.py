@@ -94,9 +94,8 @@ class LearnerDriver:
         self.offer_total = 0.0  # the learner's time taking fragments in, over the run
         self.cpu_warned = False  # starved actors were reported (see _watch_cpu)
         # the niceness the actors run at now: runner.actor_nice for process actors (Ray's runner sets what its
-        # workers report: Ray starts them at 15);
-        # starved, they are raised to the learner's where the OS allows it (raise_actors(nice): None when done, else
-        # why not)
+        # workers report: Ray starts them at 15); starved, they are raised to the learner's where the OS allows it
+        # (raise_actors(nice): None when done, else why not)
         self.raise_actors = raise_actors
         self.actor_nice = int(cfg.runner.actor_nice) if cfg.runner.name.value == "process" else 0
         self.raised: Optional[Dict[str, object]] = None  # what _watch_cpu did about starved actors (summary's cpu)
