@@ -4,6 +4,7 @@
                               [--baseline "cfg.actor.fixed_lag=0"] [--select cfg.learner.lr --select-on seed=0-4]
                               [--reference "cfg.algo.name=ppo"] [--allow-mixed] [--include-failed]
     python -m analysis.report reports/<study>          # rebuild a report from its committed compact files
+    python -m analysis.report reports/sim_validation   # the simulator's validation (analysis.sim_validation)
 
 Writes the compact data (``runs.csv``: one row per run, config, provenance and measures, its ``used`` the runs
 eligible as loaded — completed ones — since a rebuild applies ``--select`` to them again; which runs the statistics
@@ -36,7 +37,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import pandas as pd
 
-from . import compare as cmp
+from . import compare as cmp, sim_validation
 from .compare import AnalysisError, MIN_CI_RUNS, MIN_CLAIM_RUNS
 from .load import REPORT_JSON, find_runs, is_report_dir
 from .measures import WALL_CLOCK
@@ -606,6 +607,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--include-failed", action="store_true", help="use failed / interrupted runs in the statistics")
     args = ap.parse_args(argv)
     command = "python -m analysis.report " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    if len(args.paths) == 1 and sim_validation.is_validation_dir(args.paths[0]):  # the simulator's validation
+        try:
+            md = sim_validation.rebuild(args.paths[0])
+        except (ValueError, KeyError, FileNotFoundError) as e:
+            print(f"analysis: {e}", file=sys.stderr)
+            return 2
+        print(f"wrote {md} (the simulator's validation: {sim_validation.RUNS}, {sim_validation.SETS}, "
+              f"{sim_validation.COSTS})")
+        return 0
     opts = Options(args.by, args.baseline, args.threshold, args.allow_mixed, args.include_failed, args.select,
                    args.select_on, command, args.reference)
     try:

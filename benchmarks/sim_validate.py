@@ -16,8 +16,12 @@ The cells past ~32 actors on two CPUs are CPU-bound: their SPS is proportional t
 which on this VM moved 1.6x within minutes for the same code and cell (60-73 us in one run, 99-123 us twenty minutes
 later, the night of 2026-12-05). So the table also prints each cell's CPU per env step and, as a diagnosis (not a validation),
 the model's error when fed each run's own measured costs: what is left of the error once the machine's drift
-between the calibration runs and the cell is taken out (it writes each run's ``own_costs.json``). ``--reanalyze DIR``
-rebuilds the table of an earlier run (give it the run's ``--actors``, ``--latencies`` and ``--runner``).
+between the calibration runs and the cell is taken out (it writes each run's ``own_costs.json``). ``--reanalyze DIR
+[DIR ...]`` rebuilds the table of earlier runs of one protocol (give it their ``--runner`` and ``--calibrate-on``;
+the cells are those each predicted; ``--recalibrate`` also re-predicts every run with this checkout's model from the
+run's own calibration runs). ``--add-to reports/sim_validation --set NAME [--role ...] [--what ...] [--ran CMD]``
+puts the runs — prediction, measurement, the costs predicted from — into the committed validation report, which
+``python -m analysis.report reports/sim_validation`` rebuilds (analysis.sim_validation).
 
 The calibration runs are at 6 and 24 actors (``--calibrate-on``): no cell's count, and far enough apart, one of
 them past the cores' saturation, to show the growth of the actors' CPU per env step with their number that the model
@@ -41,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -51,7 +56,7 @@ import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "platform"))  # (this checkout's laglab)
+sys.path[:0] = [str(ROOT / "platform"), str(ROOT)]  # (this checkout's laglab and analysis)
 from laglab.sim import steady_rate  # noqa: E402
 LATENCIES = {"uniform": "[2]", "hetero": "[1,2,4,8]"}
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -140,6 +145,67 @@ def cell_dir(lat: str, n: int) -> str:
     return f"{lat}_a{n}"
 
 
+def costs_file(out: Path, every: str, r: int, cell: str) -> Path:
+    """The costs a run's prediction was made from (what :func:`calibrate` wrote before it)."""
+    if every == "once":
+        return out / "costs.json"
+    return out / (f"costs_r{r}.json" if every == "repeat" else f"{cell}/costs_r{r}.json")
+
+
+def provenance(run_dir: Path) -> Dict[str, object]:
+    p = json.loads((run_dir / "summary.json").read_text()).get("provenance", {})
+    commit = str(p.get("git_commit", ""))[:7] + ("-dirty" if p.get("git_dirty") else "")
+    return {"commit": commit, "cpu_busy": float(p.get("cpu_busy", float("nan"))), "started": p.get("start_time", "")}
+
+
+def recalibrated(cal_dirs: List[Path], ovs: List[str]) -> tuple[dict, Dict[str, float]]:
+    """This checkout's model re-predicting a run from its own calibration runs (costs recomputed from them)."""
+    p = subprocess.run([sys.executable, "-m", "laglab.sim", "--calibrate", *map(str, cal_dirs)], cwd=ROOT,
+                       capture_output=True, text=True, check=True)
+    tmp = cal_dirs[0].parent / f"recosts_{cal_dirs[0].name}.json"
+    tmp.write_text(p.stdout)
+    return json.loads(p.stdout), predict(ovs, tmp)
+
+
+def records_of(out: Path, cells, preds, reals, dirs, every: str, counts: List[int], runner: str, offset: int = 0,
+               recalibrate: bool = False) -> tuple[List[dict], Dict[str, dict]]:
+    """One record per measured cell run (analysis.sim_validation's columns) and the costs it was predicted from."""
+    recs, costs = [], {}
+    for lat, n in cells:
+        key = f"{lat}/{n}"
+        for r, (d, x) in enumerate(zip(dirs[key], reals[key])):
+            p = preds[key][r]
+            ovs = overrides(n, lat, runner)
+            cal = calibration_dirs(out, every, counts, r, cell_dir(lat, n))
+            rec = {"runner": runner, "latency": lat, "actors": n, "repeat": r + offset, **provenance(d),
+                   "pred_sps": p["sps_steady"], "pred_lag_mean": p["lag_mean"], "pred_lag_p95": p["lag_p95"],
+                   "real_sps": x["sps_steady"], "real_lag_mean": x["lag_mean"], "real_lag_p95": x["lag_p95"],
+                   "real_cpu_us": x["cpu_us"],
+                   "cal_cpu_us": float(np.median([measure(c)["cpu_us"] for c in cal])),
+                   "own_sps": (1 + own_costs_error(d, ovs, x["sps_steady"])) * x["sps_steady"]}
+            cf = costs_file(out, every, r, cell_dir(lat, n))
+            costs[f"{lat}_a{n}/r{r + offset}"] = {"predicted_from": json.loads(cf.read_text())}
+            if recalibrate:
+                c, q = recalibrated(cal, ovs)
+                rec.update({"re_sps": q["sps_steady"], "re_lag_mean": q["lag_mean"], "re_lag_p95": q["lag_p95"]})
+                costs[f"{lat}_a{n}/r{r + offset}"]["recalibrated"] = c
+            recs.append(rec)
+    return recs, costs
+
+
+def this_command() -> str:
+    """The command line, less the options that say where its runs go in a report."""
+    argv, skip = [], False
+    for x in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif x in ("--add-to", "--set", "--role", "--what", "--ran"):
+            skip = True
+        elif not x.startswith(("--add-to=", "--set=", "--role=", "--what=", "--ran=")):
+            argv.append(x)
+    return "python benchmarks/sim_validate.py " + shlex.join(argv)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--actors", default="1,2,4,8,16,32,64")
@@ -157,20 +223,45 @@ def main() -> int:
                     help="ray: a local instance, runner.cpus_per_actor = cores / actors (at most 1); calibrated on "
                          "Ray runs of its own")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--reanalyze", metavar="DIR", help="no runs: rebuild the table from an earlier --out DIR (its "
-                                                      "costs, predictions and cell runs; --actors, --latencies, "
-                                                      "--runner as it ran)")
+    ap.add_argument("--reanalyze", metavar="DIR", nargs="+",
+                    help="no runs: rebuild the table from earlier --out DIRs of one protocol (their costs, "
+                         "predictions and cell runs; the cells each predicted; --runner and --calibrate-on as they "
+                         "ran); several DIRs are the repeats of one set, in order")
+    ap.add_argument("--recalibrate", action="store_true",
+                    help="with --reanalyze: also re-predict every run from its own calibration runs with this "
+                         "checkout's model (costs recomputed from them; the re_* columns)")
+    ap.add_argument("--add-to", metavar="REPORT", help="put the runs into a validation report's compact data "
+                    "(analysis.sim_validation; rebuild with python -m analysis.report REPORT) as --set")
+    ap.add_argument("--set", help="with --add-to: the set's name (replaces a set of that name)")
+    ap.add_argument("--role", default="", help="with --add-to: e.g. 'development set', 'held out'")
+    ap.add_argument("--what", default="", help="with --add-to: what the set is, how it came about")
+    ap.add_argument("--ran", action="append", default=None,
+                    help="with --add-to and --reanalyze: the command(s) the runs came from (default: this one)")
     a = ap.parse_args()
     cells = [(lat, n) for lat in a.latencies.split(",") for n in map(int, a.actors.split(","))]
     counts = [int(n) for n in a.calibrate_on.split(",")]
+    if a.add_to and not a.set:
+        ap.error("--add-to needs --set (the name of the runs' set in the report)")
+    if (a.recalibrate or a.ran) and not a.reanalyze:
+        ap.error("--recalibrate and --ran go with --reanalyze")
     if a.reanalyze:
-        out = Path(a.reanalyze)
-        written = json.loads((out / "predictions.json").read_text())
-        every = written.get("calibrate_every", "once")
-        preds = {k: (v if isinstance(v, list) else [v]) for k, v in written["predictions"].items()}
-        dirs = {f"{lat}/{n}": sorted((out / cell_dir(lat, n)).glob("r*"), key=lambda d: int(d.name[1:]))
-                for lat, n in cells}
-        reals: Dict[str, List[Dict[str, float]]] = {k: [measure(d) for d in v] for k, v in dirs.items()}
+        records, costs, offsets = [], {}, {}
+        for out in map(Path, a.reanalyze):
+            written = json.loads((out / "predictions.json").read_text())
+            every = written.get("calibrate_every", "once")
+            preds = {k: (v if isinstance(v, list) else [v]) for k, v in written["predictions"].items()}
+            found = [tuple(k.split("/")) for k in preds]
+            cells = [(lat, int(n)) for lat, n in found if (out / cell_dir(lat, int(n)) / "r0" / "summary.json").exists()]
+            dirs = {f"{lat}/{n}": sorted((d for d in (out / cell_dir(lat, n)).glob("r*") if (d / "summary.json").exists()),
+                                         key=lambda d: int(d.name[1:])) for lat, n in cells}
+            reals = {k: [measure(d) for d in v] for k, v in dirs.items()}
+            for lat, n in cells:  # several dirs: each cell's repeats continue where the last dir's stopped
+                off = offsets.get((lat, n), 0)
+                rec, c = records_of(out, [(lat, n)], preds, reals, dirs, every, counts, a.runner, off, a.recalibrate)
+                records += rec
+                costs.update(c)
+                offsets[(lat, n)] = off + len(rec)
+        return report(records, costs, a, a.ran or [this_command()])
     else:
         every = a.calibrate_every
         out = Path(a.out or f"/tmp/sim_validate_{time.strftime('%Y%m%d_%H%M%S')}")
@@ -208,42 +299,38 @@ def main() -> int:
                 dirs[key].append(d)
                 print(json.dumps({"cell": key, "repeat": r, **reals[key][-1],
                                   "sps_pred": preds[key][-1]["sps_steady"]}), flush=True)
-    if every == "once":
-        cal_cpu = [measure(d)["cpu_us"] for d in calibration_dirs(out, every, counts, 0)]
-        print(f"the calibration runs' actors: {', '.join(f'{x:.0f}' for x in cal_cpu)} us of CPU per env step")
-    rows = []
-    for lat, n in cells:
-        key = f"{lat}/{n}"
-        runs = reals[key]
-        real = {k: float(np.median([x[k] for x in runs])) for k in runs[0]}
-        # (a cell's prediction is written before its run: one whose run did not finish has no run to match)
-        pr = {k: float(np.median([p[k] for p in preds[key][:len(runs)]])) for k in ("sps_steady", "lag_mean",
-                                                                                       "lag_p95")}
-        sps = [x["sps_steady"] for x in runs]
-        own = [own_costs_error(d, overrides(n, lat, a.runner), x["sps_steady"]) for d, x in zip(dirs[key], runs)]
-        row = {"latency": lat, "actors": n, "sps pred": pr["sps_steady"], "sps real": real["sps_steady"],
-               "sps real min": min(sps), "sps real max": max(sps),
-               "sps err": pr["sps_steady"] / real["sps_steady"] - 1, "lag pred": pr["lag_mean"],
-               "lag real": real["lag_mean"], "lag err": pr["lag_mean"] / max(real["lag_mean"], 1e-9) - 1,
-               "p95 pred": pr["lag_p95"], "p95 real": real["lag_p95"],
-               "p95 diff": pr["lag_p95"] - real["lag_p95"], "cpu us/step": real["cpu_us"]}
-        if every != "once":  # the calibration's actors' CPU per env step beside the cell's: the drift it followed
-            cal = [measure(d)["cpu_us"] for r in range(len(runs))
-                   for d in calibration_dirs(out, every, counts, r, cell_dir(lat, n))]
-            row["cal cpu us/step"] = float(np.median(cal))
-        row["err at own costs"] = float(np.median(own))
-        rows.append(row)
-    df = pd.DataFrame(rows)
-    df.to_csv(out / "validation.csv", index=False)
-    print()
-    print(df.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
-    print(f"\nworst |SPS error| {np.abs(df['sps err']).max():.1%}; worst |mean-lag error| "
-          f"{np.abs(df['lag err']).max():.1%}; worst |p95 difference| {np.abs(df['p95 diff']).max():g} versions "
-          f"(calibration: {every})")
-    print(f"(not a validation: fed each run's own measured costs, the model's worst |SPS error| is "
-          f"{np.abs(df['err at own costs']).max():.1%}: what is left once the machine's drift between the calibration "
-          "and the run is taken out; 'cpu us/step' is the cells' median actors' CPU per env step)")
+    records, costs = records_of(out, cells, preds, reals, dirs, every, counts, a.runner)
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
+    return report(records, costs, a, a.ran or [this_command()])
+
+
+def report(records: List[dict], costs: Dict[str, dict], a: argparse.Namespace, commands: List[str]) -> int:
+    """Print the table per cell (and put the runs into --add-to's report)."""
+    from analysis import sim_validation as sv
+
+    df = sv.cell_table(pd.DataFrame([{"set": "", **r} for r in records]))
+    shown = [c for c in sv.SHOWN if c in df.columns and df[c].notna().any()]
+    print()
+    print(df[shown].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    print(sv.worst(df))
+    print("('err at own costs', not a validation: the model fed each run's own measured costs, what is left once the "
+          "machine's drift between the calibration and the run is taken out)")
+    if a.recalibrate:
+        print("\nre-predicted by this checkout's model from the same calibration runs:")
+        re = sv.cell_table(pd.DataFrame([{"set": "", **r} for r in records]), pred="re")
+        print(re[["runner", "latency", "actors", "runs", "sps pred", "sps real", "sps err per run", "lag err per run",
+                  "p95 diff per run"]].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+        print(sv.worst(re))
+    if a.add_to:
+        started = sorted(str(r["started"]) for r in records)
+        meta = {"role": a.role, "what": a.what, "commands": commands,
+                "date": f"{started[0].replace('T', ' ')[:16]} .. {started[-1][11:16]} UTC"}
+        if a.recalibrate:
+            head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+            meta.update({"re_commit": head.stdout.strip() or "this checkout",
+                         "re_what": "costs recomputed from each run's calibration runs by its laglab.sim --calibrate"})
+        sv.add(a.add_to, a.set, meta, [{"set": a.set, **r} for r in records], costs)
+        print(f"added {len(records)} runs to {a.add_to} as {a.set!r}; python -m analysis.report {a.add_to} rebuilds it")
     return 0
 
 

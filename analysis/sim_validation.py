@@ -1,0 +1,178 @@
+"""The simulator's validation against real runs (``benchmarks/sim_validate.py``) as a report rebuilt from its
+committed compact data::
+
+    python -m analysis.report reports/sim_validation          # report.md from the files below, nothing re-run
+
+``validation_runs.csv``: one row per measured cell run — its set (one invocation of sim_validate, or several of one
+protocol and one code version), runner, latency, actor count and repeat; what the model predicted *before* the run
+(``pred_*``: steady SPS, mean lag, p95 lag) and what the run measured (``real_*``, and the actors' CPU per env step);
+the model's SPS when fed the run's own measured costs (``own_sps``: a diagnosis, not a validation) and, where a later
+model re-predicted from the same calibration runs, ``re_*``. ``costs.json``: the costs each prediction was made from
+(``python -m laglab.sim <overrides> --costs`` re-predicts any row). ``sets.json``: each set's role (development,
+held out, an earlier model), commit, command and what it is. ``sim_validate.py --reanalyze DIR --add-to
+reports/sim_validation --set NAME`` adds a validation's runs.
+
+The table per cell: predicted and measured medians over the cell's runs, the error of the medians, and the range of
+the per-run errors (the machine moves between runs: a cell's runs differ by more than its median error at many
+actors). The goal (issue 20): SPS and mean lag within 10%, p95 within one version.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+import pandas as pd
+
+RUNS = "validation_runs.csv"
+SETS = "sets.json"
+COSTS = "costs.json"
+KEY = ["set", "runner", "latency", "actors"]
+GOAL_SPS, GOAL_LAG, GOAL_P95 = 0.10, 0.10, 1.0
+COLUMNS = ["set", "runner", "latency", "actors", "repeat", "started", "commit", "cpu_busy", "pred_sps", "pred_lag_mean",
+           "pred_lag_p95", "real_sps", "real_lag_mean", "real_lag_p95", "real_cpu_us", "cal_cpu_us", "own_sps"]
+
+
+def is_validation_dir(p: str | Path) -> bool:
+    return (Path(p) / RUNS).is_file() and (Path(p) / SETS).is_file()
+
+
+def load(d: str | Path) -> tuple[pd.DataFrame, Dict[str, dict]]:
+    d = Path(d)
+    runs = pd.read_csv(d / RUNS)
+    sets = json.loads((d / SETS).read_text())
+    missing = [c for c in COLUMNS if c not in runs.columns]
+    if missing:
+        raise ValueError(f"{d / RUNS}: no column {', '.join(missing)}")
+    unknown = sorted(set(runs["set"]) - set(sets))
+    if unknown:
+        raise ValueError(f"{d / RUNS}: set {', '.join(unknown)} is not described in {SETS}")
+    return runs, sets
+
+
+def add(d: str | Path, name: str, meta: dict, records: List[dict], costs: Dict[str, dict]) -> None:
+    """Put a set's runs into the report's compact data (a set of that name already there is replaced)."""
+    d = Path(d)
+    d.mkdir(parents=True, exist_ok=True)
+    old = pd.read_csv(d / RUNS) if (d / RUNS).is_file() else pd.DataFrame(columns=COLUMNS)
+    new = pd.DataFrame(records)
+    missing = [c for c in COLUMNS if c not in new.columns]
+    if missing:
+        raise ValueError(f"set {name}: records without {', '.join(missing)}")
+    runs = pd.concat([old[old["set"] != name], new], ignore_index=True) if len(old) else new
+    sets = json.loads((d / SETS).read_text()) if (d / SETS).is_file() else {}
+    sets[name] = meta
+    allc = json.loads((d / COSTS).read_text()) if (d / COSTS).is_file() else {}
+    allc = {k: v for k, v in allc.items() if not k.startswith(name + "/")}
+    allc.update({f"{name}/{k}": v for k, v in costs.items()})
+    extra = [c for c in runs.columns if c not in COLUMNS]
+    runs[COLUMNS + extra].to_csv(d / RUNS, index=False, float_format="%.6g")
+    (d / SETS).write_text(json.dumps(sets, indent=1) + "\n")
+    (d / COSTS).write_text(json.dumps(allc, indent=1, sort_keys=True) + "\n")
+
+
+def run_key(r) -> str:
+    """A run's key in costs.json: ``<set>/<latency>_a<actors>/r<repeat>``."""
+    return f"{r['set']}/{r['latency']}_a{int(r['actors'])}/r{int(r['repeat'])}"
+
+
+def _range(v: pd.Series, pct: bool = True) -> str:
+    lo, hi = float(v.min()), float(v.max())
+    f = (lambda x: f"{x:+.1%}") if pct else (lambda x: f"{x:+g}")
+    return f(lo) if np.isclose(lo, hi) else f"{f(lo)} .. {f(hi)}"
+
+
+def cell_table(runs: pd.DataFrame, pred: str = "pred") -> pd.DataFrame:
+    """One row per (set, runner, latency, actors), in the order the runs were added: medians, the error of the
+    medians and the per-run errors' range (``pred``: ``pred`` as predicted before the runs, ``re`` a re-prediction)."""
+    runs = runs.dropna(subset=[f"{pred}_sps"])
+    rows = []
+    for key, g in runs.groupby(KEY, sort=False):
+        sps_err = g[f"{pred}_sps"] / g["real_sps"] - 1
+        lag_err = g[f"{pred}_lag_mean"] / g["real_lag_mean"].clip(lower=1e-9) - 1
+        p95 = g[f"{pred}_lag_p95"] - g["real_lag_p95"]
+        med = {c: float(np.median(g[c])) for c in (f"{pred}_sps", "real_sps", f"{pred}_lag_mean", "real_lag_mean",
+                                                    f"{pred}_lag_p95", "real_lag_p95")}
+        rows.append({**dict(zip(KEY, key)), "runs": len(g),
+                     "sps pred": med[f"{pred}_sps"], "sps real": med["real_sps"],
+                     "sps err": med[f"{pred}_sps"] / med["real_sps"] - 1, "sps err per run": _range(sps_err),
+                     "lag pred": med[f"{pred}_lag_mean"], "lag real": med["real_lag_mean"],
+                     "lag err": med[f"{pred}_lag_mean"] / max(med["real_lag_mean"], 1e-9) - 1,
+                     "lag err per run": _range(lag_err), "p95 diff per run": _range(p95, pct=False),
+                     "cpu us/step": float(np.median(g["real_cpu_us"])),
+                     "cal cpu us/step": float(np.median(g["cal_cpu_us"])) if g["cal_cpu_us"].notna().any()
+                     else float("nan"),
+                     "err at own costs": float(np.median(g["own_sps"] / g["real_sps"] - 1))
+                     if g["own_sps"].notna().any() else float("nan"),
+                     "goal": bool((sps_err.abs() <= GOAL_SPS).all() and (lag_err.abs() <= GOAL_LAG).all()
+                                  and (p95.abs() <= GOAL_P95).all()),
+                     "_sps_worst": float(sps_err.abs().max()), "_lag_worst": float(lag_err.abs().max()),
+                     "_p95_worst": float(p95.abs().max())})
+    return pd.DataFrame(rows)
+
+
+def _md(df: pd.DataFrame) -> str:
+    cols = list(df.columns)
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for _, r in df.iterrows():
+        cells = []
+        for c in cols:
+            v = r[c]
+            if isinstance(v, (bool, np.bool_)):
+                cells.append("yes" if v else "**no**")
+            elif isinstance(v, float):
+                cells.append("" if np.isnan(v) else (f"{v:+.1%}" if "err" in c else f"{v:.3g}"))
+            else:
+                cells.append(str(v))
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+SHOWN = ["runner", "latency", "actors", "runs", "sps pred", "sps real", "sps err", "sps err per run", "lag pred",
+         "lag real", "lag err per run", "p95 diff per run", "cpu us/step", "cal cpu us/step", "err at own costs", "goal"]
+
+
+def worst(t: pd.DataFrame) -> str:
+    if not len(t):
+        return "no runs"
+    return (f"worst per-run |SPS error| {t['_sps_worst'].max():.1%}, |mean-lag error| {t['_lag_worst'].max():.1%}, "
+            f"|p95 difference| {t['_p95_worst'].max():g} versions; goal met in {int(t['goal'].sum())} of {len(t)} "
+            "cells")
+
+
+def build(d: str | Path) -> str:
+    """report.md's text, from the compact data alone."""
+    runs, sets = load(d)
+    out = ["# The simulator against real runs (laglab.sim, issue 20)", "",
+           "Rebuilt by `python -m analysis.report reports/sim_validation` from `validation_runs.csv`, `sets.json` and "
+           "`costs.json` (nothing re-run). Each prediction was written to disk before the run it predicts started "
+           "(`benchmarks/sim_validate.py`). Columns: medians over the cell's runs; `sps err` the error of the "
+           "medians; `per run` the range of the runs' own errors; `cpu us/step` the cell's actors' CPU per env "
+           "step, `cal cpu us/step` its calibration runs'; `err at own costs` the model fed the run's own measured "
+           "costs (a diagnosis, not a validation). Goal: SPS and mean lag within 10%, p95 within one version, in "
+           "every run of the cell.", ""]
+    for name, meta in sets.items():
+        g = runs[runs["set"] == name]
+        t = cell_table(g)
+        commits = sorted(set(g["commit"].astype(str)))
+        out += [f"## {name}", "", f"*{meta.get('role', '')}* — {meta.get('date', '')}, commit {', '.join(commits)}; "
+                f"other processes' share of the machine over each run (provenance `cpu_busy`; Ray's workers and "
+                f"daemons count as others): {g['cpu_busy'].min():.0%} .. {g['cpu_busy'].max():.0%}.", "",
+                meta.get("what", ""), ""]
+        for c in meta.get("commands", []):
+            out.append(f"    {c}")
+        out += ["", _md(t[[c for c in SHOWN if c in t.columns]]) if len(t) else "(no runs)", "", worst(t) + ".", ""]
+        if "re_sps" in g.columns and g["re_sps"].notna().any():
+            r = cell_table(g, pred="re")
+            out += [f"Re-predicted from the same calibration runs by {meta.get('re_commit', 'a later model')} "
+                    f"({meta.get('re_what', '')}):", "",
+                    _md(r[["runner", "latency", "actors", "runs", "sps pred", "sps real", "sps err per run",
+                           "lag err per run", "p95 diff per run", "goal"]]), "", worst(r) + ".", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def rebuild(d: str | Path) -> Path:
+    d = Path(d)
+    (d / "report.md").write_text(build(d))
+    return d / "report.md"

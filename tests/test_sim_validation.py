@@ -1,0 +1,87 @@
+"""The simulator's validation report (analysis.sim_validation): its table's arithmetic, its compact data's
+bookkeeping, and the committed report regenerating from the repo."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis import report, sim_validation as sv
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED = ROOT / "reports" / "sim_validation"
+
+
+def _run(actors: int, repeat: int, pred: float, real: float, lag_pred: float = 1.0, lag_real: float = 1.0,
+         p95_pred: float = 2.0, p95_real: float = 2.0, **kw) -> dict:
+    return {"set": "s", "runner": "process", "latency": "uniform", "actors": actors, "repeat": repeat,
+            "started": f"2026-12-06T08:0{repeat}:00", "commit": "abc1234", "cpu_busy": 0.01, "pred_sps": pred,
+            "pred_lag_mean": lag_pred, "pred_lag_p95": p95_pred, "real_sps": real, "real_lag_mean": lag_real,
+            "real_lag_p95": p95_real, "real_cpu_us": 70.0, "cal_cpu_us": 68.0, "own_sps": real, **kw}
+
+
+def test_cell_table_medians_ranges_and_goal():
+    runs = pd.DataFrame([_run(8, 0, 105, 100), _run(8, 1, 105, 100), _run(8, 2, 105, 120),  # one cell, 3 runs
+                         _run(16, 0, 200, 200, lag_pred=1.2, lag_real=1.0),                  # lag 20% off
+                         _run(32, 0, 300, 300, p95_pred=4, p95_real=2)])                     # p95 2 versions off
+    t = sv.cell_table(runs).set_index("actors")
+    assert t.loc[8, "runs"] == 3
+    assert t.loc[8, "sps pred"] == 105 and t.loc[8, "sps real"] == 100   # medians
+    assert t.loc[8, "sps err"] == pytest.approx(0.05)                      # error of the medians
+    assert t.loc[8, "sps err per run"] == "-12.5% .. +5.0%"                # the runs' own errors, 105/120 - 1
+    assert not t.loc[8, "goal"]                                            # one run's error > 10% fails the cell
+    assert t.loc[8, "_sps_worst"] == pytest.approx(0.125)
+    assert t.loc[16, "lag err per run"] == "+20.0%" and not t.loc[16, "goal"]
+    assert t.loc[32, "p95 diff per run"] == "+2" and not t.loc[32, "goal"]
+    ok = sv.cell_table(pd.DataFrame([_run(4, 0, 104, 100, lag_pred=0.95, p95_pred=3)])).iloc[0]
+    assert ok["goal"]  # 4% SPS, -5% lag, one version: within the goal
+    assert "goal met in 0 of 3 cells" in sv.worst(t.reset_index())
+
+
+def test_re_prediction_columns_are_their_own_table():
+    runs = pd.DataFrame([_run(8, 0, 150, 100, re_sps=103.0, re_lag_mean=1.0, re_lag_p95=2.0)])
+    assert not sv.cell_table(runs).iloc[0]["goal"]
+    assert sv.cell_table(runs, pred="re").iloc[0]["goal"]
+    assert sv.cell_table(runs, pred="re").iloc[0]["sps err per run"] == "+3.0%"
+
+
+def test_add_replaces_a_set_and_keeps_the_others(tmp_path):
+    sv.add(tmp_path, "a", {"role": "x"}, [_run(8, 0, 105, 100, set="a")], {"uniform_a8/r0": {"predicted_from": {}}})
+    sv.add(tmp_path, "b", {"role": "y"}, [_run(8, 0, 90, 100, set="b")], {"uniform_a8/r0": {"predicted_from": {"u": 1}}})
+    sv.add(tmp_path, "a", {"role": "x2"}, [_run(4, 0, 50, 50, set="a"), _run(4, 1, 50, 50, set="a")], {})
+    runs, sets = sv.load(tmp_path)
+    assert sorted(runs.groupby("set").size().items()) == [("a", 2), ("b", 1)]
+    assert sets["a"]["role"] == "x2"
+    costs = json.loads((tmp_path / sv.COSTS).read_text())
+    assert list(costs) == ["b/uniform_a8/r0"]  # set a's old costs went with its old runs
+    with pytest.raises(ValueError, match="without pred_sps"):
+        sv.add(tmp_path, "c", {}, [{k: v for k, v in _run(8, 0, 1, 1).items() if k != "pred_sps"}], {})
+
+
+def test_bad_compact_data_is_refused_with_what_is_wrong(tmp_path, capsys):
+    sv.add(tmp_path, "a", {"role": "x"}, [_run(8, 0, 105, 100, set="a")], {})
+    (tmp_path / sv.SETS).write_text("{}")
+    assert report.main([str(tmp_path)]) == 2
+    assert "set a is not described in sets.json" in capsys.readouterr().err
+    pd.read_csv(tmp_path / sv.RUNS).drop(columns=["real_sps"]).to_csv(tmp_path / sv.RUNS, index=False)
+    (tmp_path / sv.SETS).write_text(json.dumps({"a": {}}))
+    assert report.main([str(tmp_path)]) == 2
+    assert "no column real_sps" in capsys.readouterr().err
+
+
+def test_the_committed_report_regenerates_from_the_repo(tmp_path):
+    """reports/sim_validation/report.md is what its compact data gives (rebuilt through analysis.report's CLI on a
+    copy): a change to the table's code or to the data without a rebuild fails here."""
+    copy = tmp_path / "sim_validation"
+    shutil.copytree(COMMITTED, copy)
+    (copy / "report.md").unlink()
+    assert report.main([str(copy)]) == 0
+    assert (copy / "report.md").read_text() == (COMMITTED / "report.md").read_text()
+    runs, sets = sv.load(COMMITTED)
+    costs = json.loads((COMMITTED / sv.COSTS).read_text())
+    assert {sv.run_key(r) for _, r in runs.iterrows()} == set(costs)  # every prediction's costs are there
+    assert all("predicted_from" in c for c in costs.values())
+    assert {"development set", "held out"} <= {m["role"] for m in sets.values()}
