@@ -79,7 +79,7 @@ def run_key(r) -> str:
 
 def _range(v: pd.Series, pct: bool = True) -> str:
     lo, hi = float(v.min()), float(v.max())
-    f = (lambda x: f"{x:+.1%}") if pct else (lambda x: f"{x:+g}")
+    f = (lambda x: f"{x:+.1%}") if pct else (lambda x: f"{round(x, 2) + 0.0:+g}")  # (+0.0: no -0)
     return f(lo) if np.isclose(lo, hi) else f"{f(lo)} .. {f(hi)}"
 
 

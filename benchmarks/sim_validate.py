@@ -193,6 +193,35 @@ def records_of(out: Path, cells, preds, reals, dirs, every: str, counts: List[in
     return recs, costs
 
 
+def repredict(report_dir: Path) -> int:
+    """This checkout's model on every run of a validation report, from the costs stored with the run (the
+    ``recalibrated`` ones where the report has them, else those it was predicted from): a model change judged on
+    the committed runs without running anything (which makes them its development set)."""
+    from analysis import sim_validation as sv
+
+    runs, sets = sv.load(report_dir)
+    allc = json.loads((report_dir / sv.COSTS).read_text())
+    now = []
+    for _, r in runs.iterrows():
+        c = allc[sv.run_key(r)]
+        cf = Path(os.environ.get("TMPDIR", "/tmp")) / f"repredict_{os.getpid()}.json"
+        cf.write_text(json.dumps(c.get("recalibrated", c["predicted_from"])))
+        p = predict(overrides(int(r["actors"]), r["latency"], r["runner"]), cf)
+        now.append({"now_sps": p["sps_steady"], "now_lag_mean": p["lag_mean"], "now_lag_p95": p["lag_p95"]})
+    runs = pd.concat([runs, pd.DataFrame(now, index=runs.index)], axis=1)
+    for name in sets:
+        g = runs[runs["set"] == name]
+        before = sv.cell_table(g, pred="re" if "re_sps" in g and g["re_sps"].notna().any() else "pred")
+        t = sv.cell_table(g, pred="now")
+        t.insert(6, "was", before["sps err per run"].values)
+        print(f"\n{name} ({sets[name].get('role', '')}):")
+        print(t[["runner", "latency", "actors", "runs", "sps pred", "sps real", "was", "sps err per run",
+                 "lag err per run", "p95 diff per run", "goal"]].to_string(index=False,
+                                                                          float_format=lambda x: f"{x:.3g}"))
+        print(sv.worst(t))
+    return 0
+
+
 def this_command() -> str:
     """The command line, less the options that say where its runs go in a report."""
     argv, skip = [], False
@@ -235,6 +264,9 @@ def main() -> int:
     ap.add_argument("--set", help="with --add-to: the set's name (replaces a set of that name)")
     ap.add_argument("--role", default="", help="with --add-to: e.g. 'development set', 'held out'")
     ap.add_argument("--what", default="", help="with --add-to: what the set is, how it came about")
+    ap.add_argument("--repredict", metavar="REPORT", help="no runs: re-predict every run of a validation report "
+                    "(reports/sim_validation) with this checkout's model from the costs stored with it (recalibrated "
+                    "where the report has them) and print the table beside the report's")
     ap.add_argument("--ran", action="append", default=None,
                     help="with --add-to and --reanalyze: the command(s) the runs came from (default: this one)")
     a = ap.parse_args()
@@ -244,6 +276,8 @@ def main() -> int:
         ap.error("--add-to needs --set (the name of the runs' set in the report)")
     if (a.recalibrate or a.ran) and not a.reanalyze:
         ap.error("--recalibrate and --ran go with --reanalyze")
+    if a.repredict:
+        return repredict(Path(a.repredict))
     if a.reanalyze:
         records, costs, offsets = [], {}, {}
         for out in map(Path, a.reanalyze):

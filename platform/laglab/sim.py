@@ -351,11 +351,12 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     step_cpu = costs.step_cpu_s + costs.crowding_s * N / costs.cores  # (actors sharing cores cost each other)
 
     def collect(i: int):
-        for _ in range(T):
-            yield from _cpu(env, cpu, costs.infer_s + E * step_cpu, 1)
-            w = step_wait(i, E) + E * costs.step_wait_s
-            if w > 0:
-                yield env.timeout(w)
+        for _ in range(T):  # one batched inference, then each env in turn: its CPU, then its wait
+            for e in range(E):  # (each wait ends in a wake-up that queues for a core again, as each env's sleep does)
+                yield from _cpu(env, cpu, (costs.infer_s if e == 0 else 0.0) + step_cpu, 1)
+                w = step_wait(i, 1) + costs.step_wait_s
+                if w > 0:
+                    yield env.timeout(w)
         st["produced"] += per_rollout
 
     def refresh(version: int):
