@@ -83,6 +83,12 @@ def _range(v: pd.Series, pct: bool = True) -> str:
     return f(lo) if np.isclose(lo, hi) else f"{f(lo)} .. {f(hi)}"
 
 
+def _median(g: pd.DataFrame, col: str) -> float:
+    """A column's median over a cell's runs (NaN where it was not recorded: the actors' waits for a core are
+    recorded since 2026-12-06 noon)."""
+    return float(np.nanmedian(g[col])) if col in g and g[col].notna().any() else float("nan")
+
+
 def cell_table(runs: pd.DataFrame, pred: str = "pred") -> pd.DataFrame:
     """One row per (set, runner, latency, actors), in the order the runs were added: medians, the error of the
     medians and the per-run errors' range (``pred``: ``pred`` as predicted before the runs, ``re`` a re-prediction)."""
@@ -100,6 +106,7 @@ def cell_table(runs: pd.DataFrame, pred: str = "pred") -> pd.DataFrame:
                      "lag pred": med[f"{pred}_lag_mean"], "lag real": med["real_lag_mean"],
                      "lag err": med[f"{pred}_lag_mean"] / max(med["real_lag_mean"], 1e-9) - 1,
                      "lag err per run": _range(lag_err), "p95 diff per run": _range(p95, pct=False),
+                     "cpu wait pred": _median(g, f"{pred}_cpu_wait"), "cpu wait real": _median(g, "real_cpu_wait"),
                      "cpu us/step": float(np.median(g["real_cpu_us"])),
                      "cal cpu us/step": float(np.median(g["cal_cpu_us"])) if g["cal_cpu_us"].notna().any()
                      else float("nan"),
@@ -122,7 +129,8 @@ def _md(df: pd.DataFrame) -> str:
             if isinstance(v, (bool, np.bool_)):
                 cells.append("yes" if v else "**no**")
             elif isinstance(v, float):
-                cells.append("" if np.isnan(v) else (f"{v:+.1%}" if "err" in c else f"{v:.3g}"))
+                cells.append("" if np.isnan(v) else (f"{v:+.1%}" if "err" in c else f"{v:.0%}" if "wait" in c
+                                                     else f"{v:.3g}"))
             else:
                 cells.append(str(v))
         out.append("| " + " | ".join(cells) + " |")
@@ -130,7 +138,8 @@ def _md(df: pd.DataFrame) -> str:
 
 
 SHOWN = ["runner", "latency", "actors", "runs", "sps pred", "sps real", "sps err", "sps err per run", "lag pred",
-         "lag real", "lag err per run", "p95 diff per run", "cpu us/step", "cal cpu us/step", "err at own costs", "goal"]
+         "lag real", "lag err per run", "p95 diff per run", "cpu wait pred", "cpu wait real", "cpu us/step",
+         "cal cpu us/step", "err at own costs", "goal"]
 
 
 def worst(t: pd.DataFrame) -> str:
@@ -162,13 +171,16 @@ def build(d: str | Path) -> str:
                 meta.get("what", ""), ""]
         for c in meta.get("commands", []):
             out.append(f"    {c}")
-        out += ["", _md(t[[c for c in SHOWN if c in t.columns]]) if len(t) else "(no runs)", "", worst(t) + ".", ""]
+        shown = [c for c in SHOWN if c in t.columns and not (t[c].dtype.kind == "f" and t[c].isna().all())]
+        out += ["", _md(t[shown]) if len(t) else "(no runs)", "", worst(t) + ".", ""]
         if "re_sps" in g.columns and g["re_sps"].notna().any():
             r = cell_table(g, pred="re")
             out += [f"Re-predicted from the same calibration runs by {meta.get('re_commit', 'a later model')} "
                     f"({meta.get('re_what', '')}):", "",
-                    _md(r[["runner", "latency", "actors", "runs", "sps pred", "sps real", "sps err per run",
-                           "lag err per run", "p95 diff per run", "goal"]]), "", worst(r) + ".", ""]
+                    _md(r[[c for c in ["runner", "latency", "actors", "runs", "sps pred", "sps real",
+                                       "sps err per run", "lag err per run", "p95 diff per run", "cpu wait pred",
+                                       "cpu wait real", "goal"] if not (r[c].dtype.kind == "f" and r[c].isna().all())]]),
+                    "", worst(r) + ".", ""]
     return "\n".join(out).rstrip() + "\n"
 
 

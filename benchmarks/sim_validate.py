@@ -57,7 +57,7 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "platform"), str(ROOT)]  # (this checkout's laglab and analysis)
-from laglab.sim import steady_rate  # noqa: E402
+from laglab.sim import steady_rate, steady_window  # noqa: E402
 LATENCIES = {"uniform": "[2]", "hetero": "[1,2,4,8]"}
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
@@ -98,7 +98,27 @@ def measure(run_dir: Path) -> Dict[str, float]:
     steady = steady_rate(m["wall_time"], m["transport/admitted"])
     return {"sps": float(s["sps"]), "sps_steady": float(steady), "lag_mean": float(s["lag"]["mean"]),
             "lag_p95": float(s["lag"]["p95"]), "wall_s": float(s["wall_time_s"]),
-            "cpu_us": 1e6 * sum(x.get("cpu_s", 0.0) for x in a) / steps if steps else float("nan")}
+            "cpu_us": 1e6 * sum(x.get("cpu_s", 0.0) for x in a) / steps if steps else float("nan"),
+            "cpu_wait_frac": steady_cpu_wait(run_dir, m)}
+
+
+def steady_cpu_wait(run_dir: Path, m: pd.DataFrame) -> float:
+    """The actors' share of their time runnable without a core (the kernel's run delay, actors.parquet
+    ``cpu_wait_s``) over the middle half of the updates, as the model's ``actor_cpu_wait_frac`` (which counts its
+    whole run). Ray's workers read low: the delay is their main thread's."""
+    path = run_dir / "actors.parquet"
+    i, j = steady_window(len(m))
+    if not path.exists() or j <= i:
+        return float("nan")
+    a = pd.read_parquet(path)
+    if "cpu_wait_s" not in a:
+        return float("nan")
+    u0, u1 = m["update"].iloc[i], m["update"].iloc[j]
+    first, last = (a[a["update"] == u].set_index("actor")["cpu_wait_s"] for u in (u0, u1))
+    span = float(m["wall_time"].iloc[j] - m["wall_time"].iloc[i])
+    if not len(last) or span <= 0:
+        return float("nan")
+    return float((last - first.reindex(last.index).fillna(0.0)).sum() / (len(last) * span))
 
 
 def own_costs_error(run_dir: Path, ovs: List[str], real_sps: float) -> float:
@@ -180,14 +200,16 @@ def records_of(out: Path, cells, preds, reals, dirs, every: str, counts: List[in
             rec = {"runner": runner, "latency": lat, "actors": n, "repeat": r + offset, **provenance(d),
                    "pred_sps": p["sps_steady"], "pred_lag_mean": p["lag_mean"], "pred_lag_p95": p["lag_p95"],
                    "real_sps": x["sps_steady"], "real_lag_mean": x["lag_mean"], "real_lag_p95": x["lag_p95"],
-                   "real_cpu_us": x["cpu_us"],
+                   "real_cpu_us": x["cpu_us"], "pred_cpu_wait": p.get("actor_cpu_wait_frac", float("nan")),
+                   "real_cpu_wait": x.get("cpu_wait_frac", float("nan")),
                    "cal_cpu_us": float(np.median([measure(c)["cpu_us"] for c in cal])),
                    "own_sps": (1 + own_costs_error(d, ovs, x["sps_steady"])) * x["sps_steady"]}
             cf = costs_file(out, every, r, cell_dir(lat, n))
             costs[f"{lat}_a{n}/r{r + offset}"] = {"predicted_from": json.loads(cf.read_text())}
             if recalibrate:
                 c, q = recalibrated(cal, ovs)
-                rec.update({"re_sps": q["sps_steady"], "re_lag_mean": q["lag_mean"], "re_lag_p95": q["lag_p95"]})
+                rec.update({"re_sps": q["sps_steady"], "re_lag_mean": q["lag_mean"], "re_lag_p95": q["lag_p95"],
+                            "re_cpu_wait": q.get("actor_cpu_wait_frac", float("nan"))})
                 costs[f"{lat}_a{n}/r{r + offset}"]["recalibrated"] = c
             recs.append(rec)
     return recs, costs
@@ -207,7 +229,8 @@ def repredict(report_dir: Path) -> int:
         cf = Path(os.environ.get("TMPDIR", "/tmp")) / f"repredict_{os.getpid()}.json"
         cf.write_text(json.dumps(c.get("recalibrated", c["predicted_from"])))
         p = predict(overrides(int(r["actors"]), r["latency"], r["runner"]), cf)
-        now.append({"now_sps": p["sps_steady"], "now_lag_mean": p["lag_mean"], "now_lag_p95": p["lag_p95"]})
+        now.append({"now_sps": p["sps_steady"], "now_lag_mean": p["lag_mean"], "now_lag_p95": p["lag_p95"],
+                    "now_cpu_wait": p.get("actor_cpu_wait_frac", float("nan"))})
     runs = pd.concat([runs, pd.DataFrame(now, index=runs.index)], axis=1)
     for name in sets:
         g = runs[runs["set"] == name]
@@ -216,7 +239,7 @@ def repredict(report_dir: Path) -> int:
         t.insert(6, "was", before["sps err per run"].values)
         print(f"\n{name} ({sets[name].get('role', '')}):")
         print(t[["runner", "latency", "actors", "runs", "sps pred", "sps real", "was", "sps err per run",
-                 "lag err per run", "p95 diff per run", "goal"]].to_string(index=False,
+                 "lag err per run", "p95 diff per run", "cpu wait pred", "cpu wait real", "goal"]].to_string(index=False,
                                                                           float_format=lambda x: f"{x:.3g}"))
         print(sv.worst(t))
     return 0

@@ -29,7 +29,9 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   (waiting where ``block`` says) and issues that actor's next call. Ray's per-call costs are ``call_s`` (the
   board's round trip, a wait), ``call_cpu_s`` (what the board and Ray's own processes compute for it, on a core),
   the actor's CPU and the learner's ``fragment_s`` as calibrated from a Ray run. Ray starts its workers at nice 15
-  (``worker_niceness``), so the learner preempts them as it does the process runner's actors. An actor
+  (``worker_niceness``), so the learner preempts them as it does the process runner's actors. The board's round
+  trip is drawn per call from an exponential of mean ``call_s`` (a constant put uniform-latency workers in lockstep:
+  mean lag +19% / +36% at 12 / 10 workers, 2026-12-06; drawn: +2% / +16%). An actor
   waiting for its next call counts as throttled (``actor_throttle_frac``). Not modelled: the answer's trip back,
   the board's update after a publication, and the receiver thread sharing the learner's GIL (the first look at
   Ray runs measured mean lag 17-21% above the model's).
@@ -224,17 +226,23 @@ class _Queue:
         return item
 
 
-def _cpu(env, cpu, seconds: float, priority: int):
-    """Hold a core for ``seconds`` of work; a preempted actor resumes the rest later."""
+def _cpu(env, cpu, seconds: float, priority: int, waited: Optional[List[float]] = None):
+    """Hold a core for ``seconds`` of work; a preempted actor resumes the rest later. ``waited[0]`` adds up the
+    time spent runnable without a core (queued, or preempted and queued again), as the kernel's run delay does."""
     import simpy
 
     left = seconds
     while left > 1e-12:
         with cpu.request(priority=priority, preempt=priority == 0) as req:
+            t0 = env.now
             try:
                 yield req
             except simpy.Interrupt:  # preempted after the core was granted, before this process resumed on it
+                if waited is not None:
+                    waited[0] += env.now - t0
                 continue
+            if waited is not None:
+                waited[0] += env.now - t0
             start = env.now
             try:
                 yield env.timeout(left)
@@ -300,6 +308,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     news = [env.event()]  # triggered at each publication or grant
     lags: List[int] = []
     ages: List[float] = []
+    run_delay = [0.0]  # the actors' time runnable without a core
     marks: List[Tuple[float, int]] = []  # (time, trained steps) at each update
     finished = env.event()
     # runner=ray: the learner drives each actor with rollout calls, at most runner.max_inflight outstanding and
@@ -353,7 +362,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     def collect(i: int):
         for _ in range(T):  # one batched inference, then each env in turn: its CPU, then its wait
             for e in range(E):  # (each wait ends in a wake-up that queues for a core again, as each env's sleep does)
-                yield from _cpu(env, cpu, (costs.infer_s if e == 0 else 0.0) + step_cpu, 1)
+                yield from _cpu(env, cpu, (costs.infer_s if e == 0 else 0.0) + step_cpu, 1, run_delay)
                 w = step_wait(i, 1) + costs.step_wait_s
                 if w > 0:
                     yield env.timeout(w)
@@ -364,7 +373,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
         lags the newest by more than ``actor.sync_min_lag`` versions; the version it acts with."""
         newest = published[0]
         if newest != version and (version < 0 or newest - version > cfg.actor.sync_min_lag):
-            yield from _cpu(env, cpu, costs.fetch_s, 1)
+            yield from _cpu(env, cpu, costs.fetch_s, 1, run_delay)
             st["fetches"] += 1
             return newest
         return version
@@ -379,11 +388,11 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
                 break
             if costs.call_cpu_s > 0:  # (the board and Ray's own processes compute for the call, on a core)
                 env.process(_cpu(env, cpu, costs.call_cpu_s, 1))
-            if costs.call_s > 0:
-                yield env.timeout(costs.call_s)  # (asking the board: the newest version as the answer arrives)
+            if costs.call_s > 0:  # (asking the board: the newest version as the answer arrives; a round trip through
+                yield env.timeout(rng.exponential(costs.call_s))  # Ray's processes, whose time varies: exponential)
             version = yield from refresh(version)
             yield from collect(i)
-            yield from _cpu(env, cpu, E * costs.send_s, 1)
+            yield from _cpu(env, cpu, E * costs.send_s, 1, run_delay)
             yield answers.put((i, version, env.now))
         st["done_actors"] += 1
         q.wake()
@@ -416,7 +425,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             st["reserved"] += per_rollout
             yield from collect(i)
             produced += per_rollout
-            yield from _cpu(env, cpu, E * costs.send_s, 1)
+            yield from _cpu(env, cpu, E * costs.send_s, 1, run_delay)
             for _ in range(E):
                 t0 = env.now
                 if slotted:  # a free slot of its own (blocked while every one waits for the receiver), then the header
@@ -527,6 +536,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
         "dropped_steps": {"lag": st["dropped_lag"], "overflow": q.dropped_steps},
         "rejected_steps": q.rejected_steps,
         "actor_throttle_frac": st["throttle_s"] / (N * end), "actor_blocked_frac": st["blocked_s"] / (N * end),
+        "actor_cpu_wait_frac": run_delay[0] / (N * end),
         "snapshot_loads": st["fetches"],
     }
 
