@@ -608,6 +608,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = ap.parse_args(argv)
     command = "python -m analysis.report " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     if len(args.paths) == 1 and sim_validation.is_validation_dir(args.paths[0]):  # the simulator's validation
+        given = [f"--{k.replace('_', '-')}" for k, v in vars(args).items() if k != "paths" and v not in (None, False)]
+        if given:
+            print(f"analysis: {args.paths[0]} is the simulator's validation: it rebuilds in place from its own files "
+                  f"and takes no {' or '.join(given)}", file=sys.stderr)
+            return 2
         try:
             md = sim_validation.rebuild(args.paths[0])
         except (ValueError, KeyError, FileNotFoundError) as e:

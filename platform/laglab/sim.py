@@ -41,8 +41,11 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   publications back, if set) with the actors' credit; when it finds the queue empty for ``runner.poll_s`` it
   grants credit for what it has taken (as ``serve`` does).
 * **CPU**: ``Costs.cores`` CPUs shared by everything that computes. The learner preempts actors (process actors
-  run at nice 19, Ray's workers at 15); actors queue for a core among themselves. Waiting on an env (a sleep) holds
-  no core.
+  run at nice 19, Ray's workers at 15); actors queue for a core among themselves (``actor_cpu_wait_frac``: their
+  share of time runnable without a core). Waiting on an env (a sleep) holds no core. The cores are one pool: a
+  real machine keeps a run queue per core; at 64 process actors on two cores it stood 10-17% idle, mostly while
+  tasks were runnable (procs_running sampled through one run), which the model does not have (it over-predicts SPS
+  there).
   Actors crowded on cores cost each other: their CPU per env step is ``step_cpu_s + crowding_s x actors / cores``
   (a line fitted over calibration runs at two counts; measured growth, not a model of caches or the scheduler).
 
