@@ -762,7 +762,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="set one cost, e.g. --cost update_s=0.012 (after --costs)")
     ap.add_argument("--latency", help="per env step wait: fixed:<ms>[,<ms>...] (cycled over actors) or "
                                       "lognormal:<median ms>,<sigma> (default: env.latency_ms)")
-    ap.add_argument("--seed", type=int, default=0, help="for lognormal latencies")
+    ap.add_argument("--seed", type=int, default=0, help="the draws' seed: lognormal latencies, Ray's per-call round "
+                    "trips (at 14 Ray workers of one latency, seeds 0-4 moved mean lag 2.03-2.21 and SPS 0.5%%)")
     ap.add_argument("--calibrate", nargs="+", metavar="RUN_DIR", help="print the costs measured from real runs")
     ap.add_argument("--out", help="--calibrate: also write the costs to this file (for --costs)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
