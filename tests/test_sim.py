@@ -451,8 +451,8 @@ def test_calibration_takes_what_it_measures_as_wall_time_from_the_least_crowded_
 
     from laglab.sim import calibrate
 
-    def run_dir(n, overshoot, infer, cpu_per_step, envs=4):
-        d = tmp_path / f"a{n}_e{envs}"
+    def run_dir(n, overshoot, infer, cpu_per_step, envs=4, cpus=None):
+        d = tmp_path / f"a{n}_e{envs}" if cpus is None else tmp_path / f"a{n}_e{envs}_c{cpus}"
         (d / ".hydra").mkdir(parents=True)
         (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump({
             "runner": {"name": "process"}, "actor": {"envs_per_actor": envs}, "env": {"latency_ms": [2.0]},
@@ -463,7 +463,8 @@ def test_calibration_takes_what_it_measures_as_wall_time_from_the_least_crowded_
                           "env_s": steps * (2e-3 + overshoot), "cpu_s": steps * cpu_per_step,
                           "env_cpu_s": steps * 10e-6}
                  for i in range(n)}
-        (d / "summary.json").write_text(json.dumps({"status": "completed", "actors_stats": stats}))
+        (d / "summary.json").write_text(json.dumps({"status": "completed", "actors_stats": stats,
+                                                    **({"provenance": {"usable_cpus": cpus}} if cpus else {})}))
         return d
 
     out = calibrate([run_dir(24, 1e-3, 240e-6, 90e-6), run_dir(6, 0.1e-3, 120e-6, 60e-6)])
@@ -475,3 +476,9 @@ def test_calibration_takes_what_it_measures_as_wall_time_from_the_least_crowded_
     assert out["step_cpu_s"] == pytest.approx(60e-6 - slope * 6 / cores - 30e-6)  # (the line at none, less inference)
     with pytest.raises(SimError, match="envs_per_actor"):  # (inference is per batch of envs: one E per calibration)
         calibrate([tmp_path / "a6_e4", run_dir(8, 0.1e-3, 120e-6, 60e-6, envs=8)])
+    # the cores are those the runs could use (their provenance's usable_cpus: affinity capped by a cgroup quota),
+    # not the calibrating machine's: 6 and 24 actors on 4 CPUs are 1.5 and 6 per core
+    four = calibrate([run_dir(24, 1e-3, 240e-6, 90e-6, cpus=4), run_dir(6, 0.1e-3, 120e-6, 60e-6, cpus=4)])
+    assert four["cores"] == 4 and four["crowding_s"] == pytest.approx(30e-6 / (18 / 4))
+    with pytest.raises(SimError, match="one machine size"):
+        calibrate([tmp_path / "a24_e4_c4", run_dir(6, 0.1e-3, 120e-6, 60e-6, cpus=8)])

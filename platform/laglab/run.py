@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from .config import Config, ConfigError
+from .config import Config, ConfigError, usable_cpus
 from .accounting import Budget
 from .checks import check_resume, env_spec, prestart, resume_checkpoint  # noqa: F401 - check_resume, env_spec: API
 from .learner import INCARNATION_MARK, Learner
@@ -71,6 +71,7 @@ def provenance() -> Dict[str, Any]:
     except (OSError, subprocess.SubprocessError):
         out["git_commit"], out["git_dirty"] = None, None
     out["cpu_count"] = os.cpu_count()
+    out["usable_cpus"] = usable_cpus()  # (affinity capped by a cgroup quota: the cores the run could use)
     out["cpu"] = cpu_model()
     try:
         out["load_1min"] = os.getloadavg()[0]

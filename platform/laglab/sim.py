@@ -59,7 +59,6 @@ import collections
 import dataclasses
 import json
 import math
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -589,7 +588,10 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     import pandas as pd
     import yaml
 
-    cores = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    from .config import usable_cpus
+
+    here = float(usable_cpus())  # (for runs that did not record theirs: the calibrating machine's)
+    cores_of: Dict[str, float] = {}  # run dir -> the CPUs it could use (its provenance's usable_cpus)
     costs: List[Tuple[float, Dict[str, float]]] = []  # (actors per core, its costs) of each run
     envs: Optional[int] = None  # actor.envs_per_actor: one per calibration (inference is per batch of envs)
     crowded: List[Tuple[float, float]] = []  # (actors per core, the actors' CPU per env step) of each run
@@ -627,6 +629,11 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
             recv = float(m["transport/receive_s"].iloc[-1]) if "transport/receive_s" in m else 0.0  # (net of
             # time blocked on a full queue: the process runner logs it so)
             c["fragment_s"] = (float(m["learner/offer_s"].sum()) + recv) / max(frags, 1.0)
+        cores_of[str(d)] = float((s.get("provenance") or {}).get("usable_cpus") or here)
+        if len(set(cores_of.values())) > 1:
+            raise SimError("calibrate on runs of one machine size (the model has one core count): the runs could use "
+                           + ", ".join(f"{v:g} CPUs ({k})" for k, v in cores_of.items()))
+        cores = cores_of[str(d)]
         stats = {int(k): a for k, a in (s.get("actors_stats") or {}).items()}  # actor id -> its stats
         crowding = len(stats) / cores
         steps = sum(a.get("steps", 0) for a in stats.values())
