@@ -6,8 +6,10 @@ committed compact data::
 ``validation_runs.csv``: one row per measured cell run — its set (one invocation of sim_validate, or several of one
 protocol and one code version), runner, latency, actor count and repeat; what the model predicted *before* the run
 (``pred_*``: steady SPS, mean lag, p95 lag) and what the run measured (``real_*``, and the actors' CPU per env step);
-the model's SPS when fed the run's own measured costs (``own_sps``: a diagnosis, not a validation) and, where a later
-model re-predicted from the same calibration runs, ``re_*``. ``costs.json``: the costs each prediction was made from
+the model's SPS when fed costs calibrated from the run alone (``own_sps``: a diagnosis, not a validation, by the model
+that added the run; a crowded run's costs hold its waits for a core, which the model adds again) and, where a later
+model re-predicted from the same calibration runs, ``re_*`` (``re_seeds``: the median of that many seeds of the
+model's draws). ``costs.json``: the costs each prediction was made from
 (``python -m laglab.sim <overrides> --costs`` re-predicts any row). ``sets.json``: each set's role (development,
 held out, an earlier model), commit, command and what it is. ``sim_validate.py --reanalyze DIR --add-to
 reports/sim_validation --set NAME`` adds a validation's runs.
@@ -40,7 +42,7 @@ def is_validation_dir(p: str | Path) -> bool:
 
 def load(d: str | Path) -> tuple[pd.DataFrame, Dict[str, dict]]:
     d = Path(d)
-    runs = pd.read_csv(d / RUNS)
+    runs = pd.read_csv(d / RUNS, dtype={"commit": str, "started": str})
     sets = json.loads((d / SETS).read_text())
     missing = [c for c in COLUMNS if c not in runs.columns]
     if missing:
@@ -55,7 +57,8 @@ def add(d: str | Path, name: str, meta: dict, records: List[dict], costs: Dict[s
     """Put a set's runs into the report's compact data (a set of that name already there is replaced)."""
     d = Path(d)
     d.mkdir(parents=True, exist_ok=True)
-    old = pd.read_csv(d / RUNS) if (d / RUNS).is_file() else pd.DataFrame(columns=COLUMNS)
+    old = pd.read_csv(d / RUNS, dtype={"commit": str, "started": str}) if (d / RUNS).is_file() else \
+        pd.DataFrame(columns=COLUMNS)
     new = pd.DataFrame(records)
     missing = [c for c in COLUMNS if c not in new.columns]
     if missing:
@@ -64,7 +67,7 @@ def add(d: str | Path, name: str, meta: dict, records: List[dict], costs: Dict[s
     sets = json.loads((d / SETS).read_text()) if (d / SETS).is_file() else {}
     sets[name] = meta
     allc = json.loads((d / COSTS).read_text()) if (d / COSTS).is_file() else {}
-    allc = {k: v for k, v in allc.items() if not k.startswith(name + "/")}
+    allc = {k: v for k, v in allc.items() if k.rsplit("/", 2)[0] != name}  # (keys: <set>/<cell>/r<repeat>)
     allc.update({f"{name}/{k}": v for k, v in costs.items()})
     extra = [c for c in runs.columns if c not in COLUMNS]
     runs[COLUMNS + extra].to_csv(d / RUNS, index=False, float_format="%.6g")
@@ -84,8 +87,8 @@ def _range(v: pd.Series, pct: bool = True) -> str:
 
 
 def _median(g: pd.DataFrame, col: str) -> float:
-    """A column's median over a cell's runs (NaN where it was not recorded: the actors' waits for a core are
-    recorded since 2026-12-06 noon)."""
+    """A column's median over a cell's runs (NaN where it was not recorded: the model's waits for a core are in
+    predictions from 2026-12-06 08:50 on, and in every re-prediction)."""
     return float(np.nanmedian(g[col])) if col in g and g[col].notna().any() else float("nan")
 
 
@@ -110,7 +113,7 @@ def cell_table(runs: pd.DataFrame, pred: str = "pred") -> pd.DataFrame:
                      "cpu us/step": float(np.median(g["real_cpu_us"])),
                      "cal cpu us/step": float(np.median(g["cal_cpu_us"])) if g["cal_cpu_us"].notna().any()
                      else float("nan"),
-                     "err at own costs": float(np.median(g["own_sps"] / g["real_sps"] - 1))
+                     "err at own costs": float(np.nanmedian(g["own_sps"] / g["real_sps"] - 1))
                      if g["own_sps"].notna().any() else float("nan"),
                      "goal": bool((sps_err.abs() <= GOAL_SPS).all() and (lag_err.abs() <= GOAL_LAG).all()
                                   and (p95.abs() <= GOAL_P95).all()),
@@ -139,7 +142,7 @@ def _md(df: pd.DataFrame) -> str:
 
 SHOWN = ["runner", "latency", "actors", "runs", "sps pred", "sps real", "sps err", "sps err per run", "lag pred",
          "lag real", "lag err per run", "p95 diff per run", "cpu wait pred", "cpu wait real", "cpu us/step",
-         "cal cpu us/step", "err at own costs", "goal"]
+         "cal cpu us/step", "goal"]
 
 
 def worst(t: pd.DataFrame) -> str:
@@ -158,16 +161,21 @@ def build(d: str | Path) -> str:
            "`costs.json` (nothing re-run). Each prediction was written to disk before the run it predicts started "
            "(`benchmarks/sim_validate.py`). Columns: medians over the cell's runs; `sps err` the error of the "
            "medians; `per run` the range of the runs' own errors; `cpu us/step` the cell's actors' CPU per env "
-           "step, `cal cpu us/step` its calibration runs'; `err at own costs` the model fed the run's own measured "
-           "costs (a diagnosis, not a validation). Goal: SPS and mean lag within 10%, p95 within one version, in "
-           "every run of the cell.", ""]
+           "step, `cal cpu us/step` its calibration runs'; `cpu wait` the actors' share of time runnable without a "
+           "core, predicted (the model's whole run) and measured (the kernel's run delay over the middle half of the "
+           "updates; on Ray the workers' main thread only, which reads low). Goal: SPS and mean lag within 10%, p95 "
+           "within one version, in every run of the cell. Most cells ran once: at 64 process actors three runs of "
+           "one cell spread 5% in SPS, so a single run's error within ~5 points of the goal's edge decides little. "
+           "A `Re-predicted` table is a later model on the same calibrations: where the set was looked at while that "
+           "model was made, it is development, not validation (the set's text says which).", ""]
     for name, meta in sets.items():
         g = runs[runs["set"] == name]
         t = cell_table(g)
         commits = sorted(set(g["commit"].astype(str)))
         out += [f"## {name}", "", f"*{meta.get('role', '')}* — {meta.get('date', '')}, commit {', '.join(commits)}; "
-                f"other processes' share of the machine over each run (provenance `cpu_busy`; Ray's workers and "
-                f"daemons count as others): {g['cpu_busy'].min():.0%} .. {g['cpu_busy'].max():.0%}.", "",
+                f"other processes' share of the machine over each run (provenance `cpu_busy`, clamped at 0 while "
+                f"this VM's /proc/stat reads 5-9% low; Ray's workers and daemons count as others): "
+                f"{g['cpu_busy'].min():.0%} .. {g['cpu_busy'].max():.0%}.", "",
                 meta.get("what", ""), ""]
         for c in meta.get("commands", []):
             out.append(f"    {c}")
@@ -175,8 +183,10 @@ def build(d: str | Path) -> str:
         out += ["", _md(t[shown]) if len(t) else "(no runs)", "", worst(t) + ".", ""]
         if "re_sps" in g.columns and g["re_sps"].notna().any():
             r = cell_table(g, pred="re")
+            seeds = int(g["re_seeds"].max()) if "re_seeds" in g and g["re_seeds"].notna().any() else 1
             out += [f"Re-predicted from the same calibration runs by {meta.get('re_commit', 'a later model')} "
-                    f"({meta.get('re_what', '')}):", "",
+                    f"({meta.get('re_what', '')}; " + (f"the median of {seeds} seeds of its draws" if seeds > 1 else
+                                                       "one run: nothing drawn") + "):", "",
                     _md(r[[c for c in ["runner", "latency", "actors", "runs", "sps pred", "sps real",
                                        "sps err per run", "lag err per run", "p95 diff per run", "cpu wait pred",
                                        "cpu wait real", "goal"] if not (r[c].dtype.kind == "f" and r[c].isna().all())]]),

@@ -122,9 +122,11 @@ def steady_cpu_wait(run_dir: Path, m: pd.DataFrame) -> float:
 
 
 def own_costs_error(run_dir: Path, ovs: List[str], real_sps: float) -> float:
-    """Not a validation: the model fed the costs this run itself measured (laglab.sim --calibrate on it) against
-    the run's steady SPS. It separates the model's structure from the machine's drift between the calibration
-    runs and this one (on this VM the same code's CPU per env step moved 1.6x within minutes)."""
+    """Not a validation: the model (this checkout's) fed the costs calibrated from this run alone (laglab.sim
+    --calibrate on it) against the run's steady SPS. Where the run was not crowded it takes out the machine's drift
+    between the calibration runs and this one (on this VM the same code's CPU per env step moved 1.6x within
+    minutes); a crowded run's wall-time costs (inference, the sleep's overshoot, loads) already hold its waits for a
+    core, which the model then adds again: there it reads low (-20% at 64 process actors), not drift-free."""
     p = subprocess.run([sys.executable, "-m", "laglab.sim", "--calibrate", str(run_dir)], cwd=ROOT,
                        capture_output=True, text=True, check=True)
     own = run_dir / "own_costs.json"
@@ -132,12 +134,25 @@ def own_costs_error(run_dir: Path, ovs: List[str], real_sps: float) -> float:
     return predict(ovs, own)["sps_steady"] / real_sps - 1
 
 
-def predict(ovs: List[str], costs: Path) -> Dict[str, float]:
-    p = subprocess.run([sys.executable, "-m", "laglab.sim", *ovs, "--costs", str(costs), "--json"], cwd=ROOT,
-                       capture_output=True, text=True)
-    if p.returncode != 0:
-        raise RuntimeError(p.stderr)
-    return json.loads(p.stdout)
+SEEDS = 5  # draws per prediction where the model draws (Ray's per-call round trips): the median is the prediction
+
+
+def predict(ovs: List[str], costs: Path | dict, seeds: int = SEEDS) -> Dict[str, float]:
+    """The model's prediction of a run: laglab.sim on the run's overrides and ``costs``. Where the model draws
+    (Ray's board round trips, lognormal latencies) it runs ``seeds`` seeds and each figure is their median
+    (``seeds`` and the mean lag's ``lag_mean_min`` / ``lag_mean_max`` say over what: at 14 Ray workers of one
+    latency one seed's mean lag moved 2.03-2.21 across seeds 0-4); otherwise one run is the prediction."""
+    from laglab.sim import Costs, compose, simulate
+
+    c = Costs.from_dict(costs if isinstance(costs, dict) else json.loads(Path(costs).read_text()))
+    cfg = compose(ovs)
+    drawn = cfg.runner.name.value == "ray" and c.call_s > 0
+    outs = [simulate(cfg, c, seed=s) for s in range(seeds if drawn else 1)]
+    keys = ("sps", "sps_steady", "lag_mean", "lag_p95", "actor_cpu_wait_frac", "learner_utilization")
+    out = {**outs[0], **{k: float(np.median([o[k] for o in outs])) for k in keys}}
+    out.update({"seeds": len(outs), "lag_mean_min": min(o["lag_mean"] for o in outs),
+                "lag_mean_max": max(o["lag_mean"] for o in outs)})
+    return out
 
 
 def calibrate(dirs: List[Path], counts: List[int], runner: str, costs: Path) -> Path:
@@ -182,9 +197,28 @@ def recalibrated(cal_dirs: List[Path], ovs: List[str]) -> tuple[dict, Dict[str, 
     """This checkout's model re-predicting a run from its own calibration runs (costs recomputed from them)."""
     p = subprocess.run([sys.executable, "-m", "laglab.sim", "--calibrate", *map(str, cal_dirs)], cwd=ROOT,
                        capture_output=True, text=True, check=True)
-    tmp = cal_dirs[0].parent / f"recosts_{cal_dirs[0].name}.json"
-    tmp.write_text(p.stdout)
-    return json.loads(p.stdout), predict(ovs, tmp)
+    return json.loads(p.stdout), predict(ovs, json.loads(p.stdout))
+
+
+def re_columns(q: Dict[str, float]) -> Dict[str, float]:
+    """A re-prediction's columns in the report (``re_*``; ``re_seeds`` the seeds it is the median of)."""
+    return {"re_sps": q["sps_steady"], "re_lag_mean": q["lag_mean"], "re_lag_p95": q["lag_p95"],
+            "re_cpu_wait": q.get("actor_cpu_wait_frac", float("nan")), "re_seeds": q.get("seeds", 1)}
+
+
+def run_runner(run_dir: Path) -> str:
+    import yaml
+
+    cfg = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
+    return str((cfg.get("runner") or {}).get("name", ""))
+
+
+def head_commit() -> str:
+    """This checkout's commit, ``-dirty`` when its tracked files differ (as the runs' provenance says it)."""
+    rev = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
+    return (rev.stdout.strip() or "this checkout") + ("-dirty" if dirty else "")
 
 
 def records_of(out: Path, cells, preds, reals, dirs, every: str, counts: List[int], runner: str, offset: int = 0,
@@ -193,7 +227,11 @@ def records_of(out: Path, cells, preds, reals, dirs, every: str, counts: List[in
     recs, costs = [], {}
     for lat, n in cells:
         key = f"{lat}/{n}"
-        for r, (d, x) in enumerate(zip(dirs[key], reals[key])):
+        for d, x in zip(dirs[key], reals[key]):
+            r = int(d.name[1:])  # (the run's own repeat: a failed repeat before it leaves no gap in the pairing)
+            ran = run_runner(d)
+            if ran != runner:
+                raise SystemExit(f"{d} ran runner={ran}, not --runner {runner}: give --runner {ran}")
             p = preds[key][r]
             ovs = overrides(n, lat, runner)
             cal = calibration_dirs(out, every, counts, r, cell_dir(lat, n))
@@ -208,14 +246,13 @@ def records_of(out: Path, cells, preds, reals, dirs, every: str, counts: List[in
             costs[f"{lat}_a{n}/r{r + offset}"] = {"predicted_from": json.loads(cf.read_text())}
             if recalibrate:
                 c, q = recalibrated(cal, ovs)
-                rec.update({"re_sps": q["sps_steady"], "re_lag_mean": q["lag_mean"], "re_lag_p95": q["lag_p95"],
-                            "re_cpu_wait": q.get("actor_cpu_wait_frac", float("nan"))})
+                rec.update(re_columns(q))
                 costs[f"{lat}_a{n}/r{r + offset}"]["recalibrated"] = c
             recs.append(rec)
     return recs, costs
 
 
-def repredict(report_dir: Path) -> int:
+def repredict(report_dir: Path, write: bool = False) -> int:
     """This checkout's model on every run of a validation report, from the costs stored with the run (the
     ``recalibrated`` ones where the report has them, else those it was predicted from): a model change judged on
     the committed runs without running anything (which makes them its development set)."""
@@ -226,17 +263,25 @@ def repredict(report_dir: Path) -> int:
     now = []
     for _, r in runs.iterrows():
         c = allc[sv.run_key(r)]
-        cf = Path(os.environ.get("TMPDIR", "/tmp")) / f"repredict_{os.getpid()}.json"
-        cf.write_text(json.dumps(c.get("recalibrated", c["predicted_from"])))
-        p = predict(overrides(int(r["actors"]), r["latency"], r["runner"]), cf)
-        now.append({"now_sps": p["sps_steady"], "now_lag_mean": p["lag_mean"], "now_lag_p95": p["lag_p95"],
-                    "now_cpu_wait": p.get("actor_cpu_wait_frac", float("nan"))})
-    runs = pd.concat([runs, pd.DataFrame(now, index=runs.index)], axis=1)
+        p = predict(overrides(int(r["actors"]), r["latency"], r["runner"]), c.get("recalibrated", c["predicted_from"]))
+        now.append({k.replace("re_", "now_"): v for k, v in re_columns(p).items()})
+    now = pd.DataFrame(now, index=runs.index)
+    if write:  # the report's re-prediction becomes this checkout's (its as-predicted columns stay)
+        runs = runs.drop(columns=[c for c in runs.columns if c.startswith("re_")])
+        runs = pd.concat([runs, now.rename(columns=lambda c: c.replace("now_", "re_"))], axis=1)
+        runs.to_csv(report_dir / sv.RUNS, index=False, float_format="%.6g")
+        commit = head_commit()
+        for meta in sets.values():
+            meta["re_commit"] = commit
+        (report_dir / sv.SETS).write_text(json.dumps(sets, indent=1) + "\n")
+        print(f"wrote the re_* columns of {report_dir / sv.RUNS} ({commit}); python -m analysis.report {report_dir}")
+        runs = runs.drop(columns=[c for c in runs.columns if c.startswith("re_")])
+    runs = pd.concat([runs.drop(columns=[c for c in runs.columns if c.startswith("now_")]), now], axis=1)
     for name in sets:
         g = runs[runs["set"] == name]
         before = sv.cell_table(g, pred="re" if "re_sps" in g and g["re_sps"].notna().any() else "pred")
         t = sv.cell_table(g, pred="now")
-        t.insert(6, "was", before["sps err per run"].values)
+        t = t.merge(before[sv.KEY].assign(was=before["sps err per run"]), on=sv.KEY, how="left")
         print(f"\n{name} ({sets[name].get('role', '')}):")
         print(t[["runner", "latency", "actors", "runs", "sps pred", "sps real", "was", "sps err per run",
                  "lag err per run", "p95 diff per run", "cpu wait pred", "cpu wait real", "goal"]].to_string(index=False,
@@ -290,6 +335,8 @@ def main() -> int:
     ap.add_argument("--repredict", metavar="REPORT", help="no runs: re-predict every run of a validation report "
                     "(reports/sim_validation) with this checkout's model from the costs stored with it (recalibrated "
                     "where the report has them) and print the table beside the report's")
+    ap.add_argument("--write", action="store_true", help="with --repredict: store the re-prediction as the report's "
+                                                         "re_* columns (rebuild it with python -m analysis.report)")
     ap.add_argument("--ran", action="append", default=None,
                     help="with --add-to and --reanalyze: the command(s) the runs came from (default: this one)")
     a = ap.parse_args()
@@ -299,8 +346,10 @@ def main() -> int:
         ap.error("--add-to needs --set (the name of the runs' set in the report)")
     if (a.recalibrate or a.ran) and not a.reanalyze:
         ap.error("--recalibrate and --ran go with --reanalyze")
+    if a.write and not a.repredict:
+        ap.error("--write goes with --repredict")
     if a.repredict:
-        return repredict(Path(a.repredict))
+        return repredict(Path(a.repredict), a.write)
     if a.reanalyze:
         records, costs, offsets = [], {}, {}
         for out in map(Path, a.reanalyze):
@@ -308,7 +357,7 @@ def main() -> int:
             every = written.get("calibrate_every", "once")
             preds = {k: (v if isinstance(v, list) else [v]) for k, v in written["predictions"].items()}
             found = [tuple(k.split("/")) for k in preds]
-            cells = [(lat, int(n)) for lat, n in found if (out / cell_dir(lat, int(n)) / "r0" / "summary.json").exists()]
+            cells = [(lat, int(n)) for lat, n in found if any((out / cell_dir(lat, int(n))).glob("r*/summary.json"))]
             dirs = {f"{lat}/{n}": sorted((d for d in (out / cell_dir(lat, n)).glob("r*") if (d / "summary.json").exists()),
                                          key=lambda d: int(d.name[1:])) for lat, n in cells}
             reals = {k: [measure(d) for d in v] for k, v in dirs.items()}
@@ -370,8 +419,9 @@ def report(records: List[dict], costs: Dict[str, dict], a: argparse.Namespace, c
     print()
     print(df[shown].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     print(sv.worst(df))
-    print("('err at own costs', not a validation: the model fed each run's own measured costs, what is left once the "
-          "machine's drift between the calibration and the run is taken out)")
+    print("('err at own costs', not a validation: this checkout's model fed the costs calibrated from each run alone: "
+          "the machine's drift taken out where the run is not crowded; a crowded run's costs hold its waits for a core, "
+          "which the model adds again, so there it reads low)")
     if a.recalibrate:
         print("\nre-predicted by this checkout's model from the same calibration runs:")
         re = sv.cell_table(pd.DataFrame([{"set": "", **r} for r in records]), pred="re")
@@ -383,8 +433,7 @@ def report(records: List[dict], costs: Dict[str, dict], a: argparse.Namespace, c
         meta = {"role": a.role, "what": a.what, "commands": commands,
                 "date": f"{started[0].replace('T', ' ')[:16]} .. {started[-1][11:16]} UTC"}
         if a.recalibrate:
-            head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-            meta.update({"re_commit": head.stdout.strip() or "this checkout",
+            meta.update({"re_commit": head_commit(),
                          "re_what": "costs recomputed from each run's calibration runs by its laglab.sim --calibrate"})
         sv.add(a.add_to, a.set, meta, [{"set": a.set, **r} for r in records], costs)
         print(f"added {len(records)} runs to {a.add_to} as {a.set!r}; python -m analysis.report {a.add_to} rebuilds it")
