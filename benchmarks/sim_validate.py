@@ -139,7 +139,7 @@ SEEDS = 5  # draws per prediction where the model draws (Ray's per-call round tr
 
 def predict(ovs: List[str], costs: Path | dict, seeds: int = SEEDS) -> Dict[str, float]:
     """The model's prediction of a run: laglab.sim on the run's overrides and ``costs``. Where the model draws
-    (Ray's board round trips, lognormal latencies) it runs ``seeds`` seeds and each figure is their median
+    (Ray's board round trips; this benchmark's latencies are fixed) it runs ``seeds`` seeds and each figure is their median
     (``seeds`` and the mean lag's ``lag_mean_min`` / ``lag_mean_max`` say over what: at 14 Ray workers of one
     latency one seed's mean lag moved 2.03-2.21 across seeds 0-4); otherwise one run is the prediction."""
     from laglab.sim import Costs, compose, simulate

@@ -30,8 +30,11 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   board's round trip, a wait), ``call_cpu_s`` (what the board and Ray's own processes compute for it, on a core),
   the actor's CPU and the learner's ``fragment_s`` as calibrated from a Ray run. Ray starts its workers at nice 15
   (``worker_niceness``), so the learner preempts them as it does the process runner's actors. The board's round
-  trip is drawn per call from an exponential of mean ``call_s`` (a constant put uniform-latency workers in lockstep:
-  mean lag +19% / +36% at 12 / 10 workers, 2026-12-06; drawn: +2% / +16%). An actor
+  trip is drawn per call from an exponential of mean ``call_s``: an assumption, chosen (2026-12-06) because a
+  constant put workers of one latency in lockstep (mean lag +19% / +36% against real runs at 12 / 10 workers); the
+  real per-call times vary less (a coefficient of variation of 0.4-0.85 in those runs, the exponential's is 1) and
+  grow with the worker count (means of 3.8 ms at 6 workers, 9.3 at 18, 15 at 24: actors.parquet's snapshot_s over
+  updates where one call completed), which the model does not have (``call_s`` is the least crowded run's). An actor
   waiting for its next call counts as throttled (``actor_throttle_frac``). Not modelled: the answer's trip back,
   the board's update after a publication, and the receiver thread sharing the learner's GIL (the first look at
   Ray runs measured mean lag 17-21% above the model's).
@@ -289,6 +292,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
         latency = Latency("fixed", per_actor_ms=list(cfg.env.latency_ms) or [0.0])
     check(cfg, costs, latency)
     rng = np.random.default_rng(seed)
+    call_rng = np.random.default_rng([seed, 1])  # (Ray's round trips: their own stream, apart from the latencies')
     env = simpy.Environment()
     cpu = simpy.PreemptiveResource(env, capacity=int(costs.cores))
     N, E, T = cfg.actors, cfg.actor.envs_per_actor, cfg.actor.rollout_len
@@ -390,8 +394,8 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
                 break
             if costs.call_cpu_s > 0:  # (the board and Ray's own processes compute for the call, on a core)
                 env.process(_cpu(env, cpu, costs.call_cpu_s, 1))
-            if costs.call_s > 0:  # (asking the board: the newest version as the answer arrives; a round trip through
-                yield env.timeout(rng.exponential(costs.call_s))  # Ray's processes, whose time varies: exponential)
+            if costs.call_s > 0:  # (asking the board: the newest version as the answer arrives)
+                yield env.timeout(call_rng.exponential(costs.call_s))
             version = yield from refresh(version)
             yield from collect(i)
             yield from _cpu(env, cpu, E * costs.send_s, 1, run_delay)
