@@ -260,6 +260,7 @@ def repredict(report_dir: Path, write: bool = False) -> int:
 
     runs, sets = sv.load(report_dir)
     allc = json.loads((report_dir / sv.COSTS).read_text())
+    commit = head_commit()  # (before --write changes the report's files)
     now = []
     for _, r in runs.iterrows():
         c = allc[sv.run_key(r)]
@@ -270,7 +271,6 @@ def repredict(report_dir: Path, write: bool = False) -> int:
         runs = runs.drop(columns=[c for c in runs.columns if c.startswith("re_")])
         runs = pd.concat([runs, now.rename(columns=lambda c: c.replace("now_", "re_"))], axis=1)
         runs.to_csv(report_dir / sv.RUNS, index=False, float_format="%.6g")
-        commit = head_commit()
         for meta in sets.values():
             meta["re_commit"] = commit
         (report_dir / sv.SETS).write_text(json.dumps(sets, indent=1) + "\n")

@@ -64,6 +64,20 @@ def test_actors_queued_on_one_core_wait_for_it_in_turn(actors):
     assert slept["actor_cpu_wait_frac"] < 0.05
 
 
+@pytest.mark.parametrize("runner", ["process", "ray"])
+def test_a_core_for_everyone_skips_the_pool_and_changes_nothing(runner):
+    # with a core for the learner and each actor nothing queues: the model skips the shared pool (scale.py's
+    # clusters), and its predictions are the pool's to the last digit
+    c = cfg("actors=6", "total_env_steps=60000", f"runner={runner}")
+    costs = Costs(update_s=0.004, fragment_s=1e-4, infer_s=1e-4, step_cpu_s=3e-5, send_s=1e-5, fetch_s=2e-4,
+                  call_s=2e-3 if runner == "ray" else 0.0, cores=7)
+    lat = Latency("fixed", per_actor_ms=[1.0, 2.0])
+    fast, pooled = simulate(c, costs, lat), simulate(c, costs, lat, pool=True)
+    for k in ("sps", "sps_steady", "lag_mean", "lag_p95", "learner_utilization", "actor_throttle_frac", "wall_s"):
+        assert fast[k] == pooled[k], k
+    assert fast["actor_cpu_wait_frac"] == 0.0 == pooled["actor_cpu_wait_frac"]
+
+
 def test_a_preempted_actor_waits_while_the_learner_computes():
     # one CPU-bound actor on one core with a learner that preempts it: per batch the learner computes U and the actor
     # B c, so the actor is runnable without the core U / (U + B c) of the time (the preemption path of the wait)

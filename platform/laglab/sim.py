@@ -233,9 +233,13 @@ class _Queue:
 
 def _cpu(env, cpu, seconds: float, priority: int, waited: Optional[List[float]] = None):
     """Hold a core for ``seconds`` of work; a preempted actor resumes the rest later. ``waited[0]`` adds up the
-    time spent runnable without a core (queued, or preempted and queued again), as the kernel's run delay does."""
+    time spent runnable without a core (queued, or preempted and queued again), as the kernel's run delay does.
+    ``cpu`` None: a core of its own, always free (no queue, no preemption: just the time)."""
     import simpy
 
+    if cpu is None:
+        yield env.timeout(seconds)
+        return
     left = seconds
     while left > 1e-12:
         with cpu.request(priority=priority, preempt=priority == 0) as req:
@@ -283,8 +287,11 @@ def check(cfg: Config, costs: Costs, latency: Optional[Latency]) -> None:
 
 
 def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Latency] = None, seed: int = 0,
-             frag_bytes: Optional[int] = None) -> Dict[str, object]:
-    """Run the model to the end of ``cfg.total_env_steps``; returns its predictions (see :data:`OUTPUTS`)."""
+             frag_bytes: Optional[int] = None, pool: Optional[bool] = None) -> Dict[str, object]:
+    """Run the model to the end of ``cfg.total_env_steps``; returns its predictions (see :data:`OUTPUTS`). With a
+    core for the learner and one for each actor (and no per-call CPU on Ray, which runs beside its actor) nothing
+    ever queues for one, and the model skips the shared pool (a cluster of 4096 actors: minutes, not an hour);
+    ``pool=True`` keeps it anyway (the tests check the two agree)."""
     import simpy
 
     costs = costs or Costs()
@@ -294,8 +301,10 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     rng = np.random.default_rng(seed)
     call_rng = np.random.default_rng([seed, 1])  # (Ray's round trips: their own stream, apart from the latencies')
     env = simpy.Environment()
-    cpu = simpy.PreemptiveResource(env, capacity=int(costs.cores))
     N, E, T = cfg.actors, cfg.actor.envs_per_actor, cfg.actor.rollout_len
+    # (Ray's per-call CPU runs beside its actor, how many at once depends on the timing: it keeps the pool)
+    own_cores = costs.cores >= N + 1 and not (cfg.runner.name.value == "ray" and costs.call_cpu_s > 0)
+    cpu = None if own_cores and not pool else simpy.PreemptiveResource(env, capacity=int(costs.cores))
     per_rollout = E * T
     total = int(cfg.total_env_steps)
     need = batch_fragments(cfg)
