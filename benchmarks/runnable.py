@@ -11,6 +11,7 @@ Linux only. The sampler itself is one more runnable task (subtracted) and costs 
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -18,12 +19,13 @@ import time
 import numpy as np
 
 
-def procs_running() -> int:
+def sample() -> tuple[int, int, int]:
+    """(procs_running, the machine's idle ticks, all its ticks) from one read of /proc/stat."""
     with open("/proc/stat") as f:
-        for line in f:
-            if line.startswith("procs_running"):
-                return int(line.split()[1])
-    raise RuntimeError("/proc/stat has no procs_running line")
+        text = f.read()
+    cpu = [int(x) for x in text.split("\n", 1)[0].split()[1:]]
+    i = text.index("procs_running")
+    return int(text[i + 14:text.index("\n", i)]), cpu[3] + cpu[4], sum(cpu[:8])  # (idle + iowait; steal is busy)
 
 
 def main(argv=None) -> int:
@@ -34,10 +36,13 @@ def main(argv=None) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     child = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
-    t, n = [], []
+    t, n, idle, ticks = [], [], [], []
     while child.poll() is None:
+        running, i, k = sample()
         t.append(time.monotonic())
-        n.append(procs_running() - 1)  # (less the sampler, running as it reads)
+        n.append(running - 1)  # (less the sampler, running as it reads)
+        idle.append(i)
+        ticks.append(k)
         time.sleep(0.0005)
     t, n = np.asarray(t), np.asarray(n)
     busy = np.flatnonzero(n >= 4)  # the command's busy stretch: from its start-up to its last actors
@@ -47,8 +52,13 @@ def main(argv=None) -> int:
     a, b = t[busy[0]], t[busy[-1]]
     keep = (t > a + (b - a) / 4) & (t < b - (b - a) / 4)
     x, dt = n[keep], float(np.median(np.diff(t[keep])))
+    first, last = np.flatnonzero(keep)[[0, -1]]
+    idle_share = (idle[last] - idle[first]) / max(ticks[last] - ticks[first], 1)
     print(f"{keep.sum()} samples over the middle half of {b - a:.1f} s of busy time, every {1e3 * dt:.2f} ms "
-          f"(exit {child.returncode})")
+          f"(exit {child.returncode}); the machine stood {idle_share:.1%} idle over it (the sampler included)")
+    cores = len(os.sched_getaffinity(0))
+    print(f"  (fewer than {cores} runnable besides the sampler is the only state in which the command's own work "
+          f"could leave one of the {cores} cores idle)")
     for k in (0, 1, 2, 4, 8, 16, 32, 64):
         print(f"  P(runnable besides the sampler <= {k:2d}) = {(x <= k).mean():.3f}")
     print(f"  mean {x.mean():.1f}, median {np.median(x):g}")

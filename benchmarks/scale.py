@@ -1,7 +1,7 @@
 """Past one machine on paper: laglab.sim's predictions for 100-4096 actors on a cluster (every actor and the learner
-on its own CPU, the Ray path's cost per fragment), for three presets — CartPole, HalfCheetah and a 20 ms
-robot-like simulator — with where the learner saturates, the lag and data age that follow, what
-``learner.max_policy_lag`` would drop, and the actor count seed 004's rule recommends.
+on its own CPU; the learner's cost per fragment as calibrated, or the Ray path's where the costs have none), for
+three presets — CartPole, HalfCheetah and a 20 ms robot-like simulator — with where the learner saturates, the lag
+and data age that follow, what ``learner.max_policy_lag`` would drop, and the actor count seed 004's rule recommends.
 
     python benchmarks/scale.py [--actors 1,2,4,...,4096] [--costs-dir benchmarks/costs] [--out DIR]
 

@@ -141,7 +141,8 @@ def predict(ovs: List[str], costs: Path | dict, seeds: int = SEEDS) -> Dict[str,
     """The model's prediction of a run: laglab.sim on the run's overrides and ``costs``. Where the model draws
     (Ray's board round trips; this benchmark's latencies are fixed) it runs ``seeds`` seeds and each figure is their median
     (``seeds`` and the mean lag's ``lag_mean_min`` / ``lag_mean_max`` say over what: at 14 Ray workers of one
-    latency one seed's mean lag moved 2.03-2.21 across seeds 0-4); otherwise one run is the prediction."""
+    latency the mean lag moved 2.04-2.12 across seeds 0-4; the report keeps ``re_seeds`` only); otherwise one run
+    is the prediction."""
     from laglab.sim import Costs, compose, simulate
 
     c = Costs.from_dict(costs if isinstance(costs, dict) else json.loads(Path(costs).read_text()))

@@ -161,7 +161,9 @@ def test_every_readme_command_runs(tmp_path):
         else:
             unknown.append(f"{name}: {cmd}")
     assert not unknown, f"README commands this test cannot run (run them here, or add a SKIP rule saying why): {unknown}"
-    assert len(commands) >= 25 and len(skipped) <= 19  # the READMEs' commands are found; skips stay few
+    # the READMEs' commands are found; skips stay few (benchmark commands aside: benchmarks/README.md lists them by
+    # design, and none of them is a user's first command)
+    assert len(commands) >= 25 and len([c for c, _ in skipped if not c.startswith("python benchmarks/")]) <= 9
     before = {d: sorted(os.listdir(ROOT / d)) if (ROOT / d).exists() else None for d in ("outputs", "multirun", "reports")}
     # every process the commands start (actors, submitit's jobs) imports this tree's laglab, as CI's checkout would
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT)]))

@@ -56,7 +56,8 @@ def test_actors_queued_on_one_core_wait_for_it_in_turn(actors):
     c = cfg(f"actors={actors}", "actor.max_lead_steps=null", "total_env_steps=100000")
     one = simulate(c, Costs(**{**FREE, "step_cpu_s": 50e-6, "cores": 1}), Latency("fixed", per_actor_ms=[0.0]))
     assert one["actor_cpu_wait_frac"] == pytest.approx((actors - 1) / actors, abs=0.02)
-    own = simulate(c, Costs(**{**FREE, "step_cpu_s": 50e-6, "cores": actors + 1}), Latency("fixed", per_actor_ms=[0.0]))
+    own = simulate(c, Costs(**{**FREE, "step_cpu_s": 50e-6, "cores": actors + 1}), Latency("fixed", per_actor_ms=[0.0]),
+                   pool=True)  # (through the pool: without it a core of one's own cannot be waited for)
     assert own["actor_cpu_wait_frac"] < 0.01
     # one core, 50 us of CPU per 2 ms sleep: a sleeping actor leaves the core to the others (were a sleep held it,
     # each actor would wait (N - 1) x 2.05 ms per step)
@@ -72,10 +73,12 @@ def test_a_core_for_everyone_skips_the_pool_and_changes_nothing(runner):
     costs = Costs(update_s=0.004, fragment_s=1e-4, infer_s=1e-4, step_cpu_s=3e-5, send_s=1e-5, fetch_s=2e-4,
                   call_s=2e-3 if runner == "ray" else 0.0, cores=7)
     lat = Latency("fixed", per_actor_ms=[1.0, 2.0])
-    fast, pooled = simulate(c, costs, lat), simulate(c, costs, lat, pool=True)
-    for k in ("sps", "sps_steady", "lag_mean", "lag_p95", "learner_utilization", "actor_throttle_frac", "wall_s"):
-        assert fast[k] == pooled[k], k
-    assert fast["actor_cpu_wait_frac"] == 0.0 == pooled["actor_cpu_wait_frac"]
+    zero = Costs(**{**FREE, "update_s": 2e-3, "cores": 7})  # (work of no length: no event either way)
+    for costs, lat in ((costs, lat), (zero, Latency("fixed", per_actor_ms=[0.0]))):
+        fast, pooled = simulate(c, costs, lat), simulate(c, costs, lat, pool=True)
+        for k in ("sps", "sps_steady", "lag_mean", "lag_p95", "learner_utilization", "actor_throttle_frac", "wall_s"):
+            assert fast[k] == pooled[k], k
+        assert fast["actor_cpu_wait_frac"] == 0.0 == pooled["actor_cpu_wait_frac"]
 
 
 def test_a_preempted_actor_waits_while_the_learner_computes():
