@@ -5,6 +5,7 @@
                               [--reference "cfg.algo.name=ppo"] [--allow-mixed] [--include-failed]
     python -m analysis.report reports/<study>          # rebuild a report from its committed compact files
     python -m analysis.report reports/sim_validation   # the simulator's validation (analysis.sim_validation)
+    python -m analysis.report reports/scale            # the scaling study on paper (analysis.scale)
 
 Writes the compact data (``runs.csv``: one row per run, config, provenance and measures, its ``used`` the runs
 eligible as loaded — completed ones — since a rebuild applies ``--select`` to them again; which runs the statistics
@@ -37,13 +38,16 @@ from typing import Dict, List, Optional
 import numpy as np
 import pandas as pd
 
-from . import compare as cmp, sim_validation
+from . import compare as cmp, scale, sim_validation
 from .compare import AnalysisError, MIN_CI_RUNS, MIN_CLAIM_RUNS
 from .load import REPORT_JSON, find_runs, is_report_dir
 from .measures import WALL_CLOCK
 from .runs import curves as load_curves, lag_counts, load_runs, read_lag_counts, write_compact
 
 FORMAT = 2  # report.json format
+# laglab.sim's reports: (what it is, is it one, its rebuild) — they have their own compact files, not run dirs
+MODEL_REPORTS = [("the simulator's validation", sim_validation.is_validation_dir, sim_validation.rebuild),
+                 ("the scaling study", scale.is_scale_dir, scale.rebuild)]
 BUSY = 0.25  # a run started with more than this fraction of the machine busy was measured under load
 
 
@@ -607,19 +611,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--include-failed", action="store_true", help="use failed / interrupted runs in the statistics")
     args = ap.parse_args(argv)
     command = "python -m analysis.report " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
-    if len(args.paths) == 1 and sim_validation.is_validation_dir(args.paths[0]):  # the simulator's validation
+    model = [m for m in MODEL_REPORTS if len(args.paths) == 1 and m[1](args.paths[0])]
+    if model:  # a report of laglab.sim's: its own compact files, no run dirs
+        what, _, rebuild = model[0]
         given = [f"--{k.replace('_', '-')}" for k, v in vars(args).items() if k != "paths" and v not in (None, False)]
         if given:
-            print(f"analysis: {args.paths[0]} is the simulator's validation: it rebuilds in place from its own files "
-                  f"and takes no {' or '.join(given)}", file=sys.stderr)
+            print(f"analysis: {args.paths[0]} is {what}: it rebuilds in place from its own files and takes no "
+                  f"{' or '.join(given)}", file=sys.stderr)
             return 2
         try:
-            md = sim_validation.rebuild(args.paths[0])
+            md = rebuild(args.paths[0])
         except (ValueError, KeyError, FileNotFoundError) as e:
             print(f"analysis: {e}", file=sys.stderr)
             return 2
-        print(f"wrote {md} (the simulator's validation: {sim_validation.RUNS}, {sim_validation.SETS}, "
-              f"{sim_validation.COSTS})")
+        print(f"wrote {md} ({what}, from its committed files)")
         return 0
     opts = Options(args.by, args.baseline, args.threshold, args.allow_mixed, args.include_failed, args.select,
                    args.select_on, command, args.reference)

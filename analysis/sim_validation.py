@@ -3,7 +3,7 @@ committed compact data::
 
     python -m analysis.report reports/sim_validation          # report.md from the files below, nothing re-run
 
-``validation_runs.csv``: one row per measured cell run — its set (one invocation of sim_validate, or several of one
+``validation_runs.parquet``: one row per measured cell run — its set (one invocation of sim_validate, or several of one
 protocol and one code version), runner, latency, actor count and repeat; what the model predicted *before* the run
 (``pred_*``: steady SPS, mean lag, p95 lag) and what the run measured (``real_*``, and the actors' CPU per env step);
 the model's SPS when fed costs calibrated from the run alone (``own_sps``: a diagnosis, not a validation, by the model
@@ -27,7 +27,7 @@ from typing import Dict, List
 import numpy as np
 import pandas as pd
 
-RUNS = "validation_runs.csv"
+RUNS = "validation_runs.parquet"
 SETS = "sets.json"
 COSTS = "costs.json"
 KEY = ["set", "runner", "latency", "actors"]
@@ -42,7 +42,7 @@ def is_validation_dir(p: str | Path) -> bool:
 
 def load(d: str | Path) -> tuple[pd.DataFrame, Dict[str, dict]]:
     d = Path(d)
-    runs = pd.read_csv(d / RUNS, dtype={"commit": str, "started": str})
+    runs = read_runs(d)
     sets = json.loads((d / SETS).read_text())
     missing = [c for c in COLUMNS if c not in runs.columns]
     if missing:
@@ -53,12 +53,21 @@ def load(d: str | Path) -> tuple[pd.DataFrame, Dict[str, dict]]:
     return runs, sets
 
 
+def read_runs(d: str | Path) -> pd.DataFrame:
+    return pd.read_parquet(Path(d) / RUNS)
+
+
+def write_runs(d: str | Path, runs: pd.DataFrame) -> None:
+    """The runs' table, its known columns first (commit and start time as text)."""
+    runs = runs.astype({"commit": str, "started": str})
+    runs[COLUMNS + [c for c in runs.columns if c not in COLUMNS]].to_parquet(Path(d) / RUNS, index=False)
+
+
 def add(d: str | Path, name: str, meta: dict, records: List[dict], costs: Dict[str, dict]) -> None:
     """Put a set's runs into the report's compact data (a set of that name already there is replaced)."""
     d = Path(d)
     d.mkdir(parents=True, exist_ok=True)
-    old = pd.read_csv(d / RUNS, dtype={"commit": str, "started": str}) if (d / RUNS).is_file() else \
-        pd.DataFrame(columns=COLUMNS)
+    old = read_runs(d) if (d / RUNS).is_file() else pd.DataFrame(columns=COLUMNS)
     new = pd.DataFrame(records)
     missing = [c for c in COLUMNS if c not in new.columns]
     if missing:
@@ -69,8 +78,7 @@ def add(d: str | Path, name: str, meta: dict, records: List[dict], costs: Dict[s
     allc = json.loads((d / COSTS).read_text()) if (d / COSTS).is_file() else {}
     allc = {k: v for k, v in allc.items() if k.rsplit("/", 2)[0] != name}  # (keys: <set>/<cell>/r<repeat>)
     allc.update({f"{name}/{k}": v for k, v in costs.items()})
-    extra = [c for c in runs.columns if c not in COLUMNS]
-    runs[COLUMNS + extra].to_csv(d / RUNS, index=False, float_format="%.6g")
+    write_runs(d, runs)
     (d / SETS).write_text(json.dumps(sets, indent=1) + "\n")
     (d / COSTS).write_text(json.dumps(allc, indent=1, sort_keys=True) + "\n")
 
@@ -157,7 +165,7 @@ def build(d: str | Path) -> str:
     """report.md's text, from the compact data alone."""
     runs, sets = load(d)
     out = ["# The simulator against real runs (laglab.sim, issue 20)", "",
-           "Rebuilt by `python -m analysis.report reports/sim_validation` from `validation_runs.csv`, `sets.json` and "
+           "Rebuilt by `python -m analysis.report reports/sim_validation` from `validation_runs.parquet`, `sets.json` and "
            "`costs.json` (nothing re-run). Each prediction was written to disk before the run it predicts started "
            "(`benchmarks/sim_validate.py`). Columns: medians over the cell's runs; `sps err` the error of the "
            "medians; `per run` the range of the runs' own errors; `cpu us/step` the cell's actors' CPU per env "

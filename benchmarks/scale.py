@@ -29,6 +29,8 @@ import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from analysis import scale as scale_report  # noqa: E402
 RAY_FRAGMENT_S = 220e-6  # the Ray path's learner-side cost per fragment, measured (README: runner=ray)
 PRESETS = {
     "cartpole": ["env=cartpole"],
@@ -112,24 +114,14 @@ def main() -> int:
                          "kl_extrapolated": bool(kl is not None and o["lag_mean"] > kl_lag_max)})
             print(json.dumps(rows[-1], default=float), flush=True)
     df = pd.DataFrame(rows)
-    df.to_csv(out / "scale.csv", index=False)
+    scale_report.write(out, df, {"command": "python benchmarks/scale.py " + " ".join(sys.argv[1:]),
+                                 "kl_max": a.kl_max})
     print()
     print(df.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     print()
-    for preset, g in df.groupby("preset", sort=False):
-        g = g.sort_values("actors")
-        sat = g[g["learner_util"] >= 0.95]
-        where = f"the learner saturates by N = {int(sat['actors'].iloc[0])}" if len(sat) else \
-            f"the learner is not saturated at N = {int(g['actors'].max())}"
-        rec = "no KL map (no lag-cost study for this env)"
-        if g["kl_pred"].notna().all():
-            ok = g[(g["kl_pred"] <= a.kl_max) & ~g["kl_extrapolated"]]  # (no claim beyond the lags measured)
-            gain = g["sps"] / g["sps"].shift(1)
-            knee = g[(gain >= 1.1) | gain.isna()]
-            both = sorted(set(ok["actors"]) & set(knee["actors"]))
-            rec = f"seed 004's rule recommends N = {both[-1]}" if both else "no N in range meets seed 004's rule"
-        print(f"{preset}: {where}; {rec}")
-    print(f"\nwritten: {out / 'scale.csv'}")
+    for line in scale_report.findings(df, a.kl_max):
+        print(line)
+    print(f"\nwritten: {scale_report.rebuild(out)} (python -m analysis.report {out} rebuilds it)")
     return 0
 
 

@@ -271,7 +271,7 @@ def repredict(report_dir: Path, write: bool = False) -> int:
     if write:  # the report's re-prediction becomes this checkout's (its as-predicted columns stay)
         runs = runs.drop(columns=[c for c in runs.columns if c.startswith("re_")])
         runs = pd.concat([runs, now.rename(columns=lambda c: c.replace("now_", "re_"))], axis=1)
-        runs.to_csv(report_dir / sv.RUNS, index=False, float_format="%.6g")
+        sv.write_runs(report_dir, runs)
         for meta in sets.values():
             meta["re_commit"] = commit
         (report_dir / sv.SETS).write_text(json.dumps(sets, indent=1) + "\n")

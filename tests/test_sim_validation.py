@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import report, sim_validation as sv
+from analysis import report, scale, sim_validation as sv
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "reports" / "sim_validation"
@@ -66,7 +66,7 @@ def test_bad_compact_data_is_refused_with_what_is_wrong(tmp_path, capsys):
     (tmp_path / sv.SETS).write_text("{}")
     assert report.main([str(tmp_path)]) == 2
     assert "set a is not described in sets.json" in capsys.readouterr().err
-    pd.read_csv(tmp_path / sv.RUNS).drop(columns=["real_sps"]).to_csv(tmp_path / sv.RUNS, index=False)
+    pd.read_parquet(tmp_path / sv.RUNS).drop(columns=["real_sps"]).to_parquet(tmp_path / sv.RUNS, index=False)
     (tmp_path / sv.SETS).write_text(json.dumps({"a": {}}))
     assert report.main([str(tmp_path)]) == 2
     assert "no column real_sps" in capsys.readouterr().err
@@ -88,3 +88,18 @@ def test_the_committed_report_regenerates_from_the_repo(tmp_path):
     assert all("predicted_from" in c for c in costs.values())
     roles = [m["role"] for m in sets.values()]
     assert "development set" in roles and any(r.startswith("held out") for r in roles)
+
+
+def test_the_committed_scaling_study_regenerates_and_reads_its_rows(tmp_path):
+    """reports/scale rebuilds byte for byte through analysis.report; its findings follow the rows: the first count
+    with the learner >= 95% busy, and seed 004's rule (KL within the band at a measured lag, SPS still +10%)."""
+    copy = tmp_path / "scale"
+    shutil.copytree(ROOT / "reports" / "scale", copy)
+    (copy / "report.md").unlink()
+    assert report.main([str(copy)]) == 0
+    assert (copy / "report.md").read_text() == (ROOT / "reports" / "scale" / "report.md").read_text()
+    rows = pd.DataFrame({"preset": "p", "actors": [1, 2, 4, 8], "sps": [100.0, 200.0, 215.0, 215.0],
+                         "learner_util": [0.5, 0.96, 0.99, 1.0], "kl_pred": [0.01, 0.02, 0.02, 0.05],
+                         "kl_extrapolated": [False, False, False, False]})
+    assert scale.findings(rows, 0.03) == ["p: the learner saturates by N = 2; seed 004's rule recommends N = 2"]
+    assert scale.findings(rows.assign(kl_pred=0.04), 0.03)[0].endswith("no N in range meets seed 004's rule")
