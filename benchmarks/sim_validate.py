@@ -57,7 +57,7 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "platform"), str(ROOT)]  # (this checkout's laglab and analysis)
-from laglab.sim import steady_rate, steady_window  # noqa: E402
+from laglab.sim import steady_actor_deltas, steady_rate  # noqa: E402
 LATENCIES = {"uniform": "[2]", "hetero": "[1,2,4,8]"}
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
@@ -105,20 +105,13 @@ def measure(run_dir: Path) -> Dict[str, float]:
 def steady_cpu_wait(run_dir: Path, m: pd.DataFrame) -> float:
     """The actors' share of their time runnable without a core (the kernel's run delay, actors.parquet
     ``cpu_wait_s``) over the middle half of the updates, as the model's ``actor_cpu_wait_frac`` (which counts its
-    whole run). Ray's workers read low: the delay is their main thread's."""
-    path = run_dir / "actors.parquet"
-    i, j = steady_window(len(m))
-    if not path.exists() or j <= i:
+    whole run); NaN where an actor started, ended or restarted inside it. Ray's workers read low: the delay is their
+    main thread's."""
+    steady = steady_actor_deltas(run_dir, m, ["cpu_wait_s"])
+    if steady is None:
         return float("nan")
-    a = pd.read_parquet(path)
-    if "cpu_wait_s" not in a:
-        return float("nan")
-    u0, u1 = m["update"].iloc[i], m["update"].iloc[j]
-    first, last = (a[a["update"] == u].set_index("actor")["cpu_wait_s"] for u in (u0, u1))
-    span = float(m["wall_time"].iloc[j] - m["wall_time"].iloc[i])
-    if not len(last) or span <= 0:
-        return float("nan")
-    return float((last - first.reindex(last.index).fillna(0.0)).sum() / (len(last) * span))
+    diff, span = steady
+    return float(diff["cpu_wait_s"].sum() / (len(diff) * span))
 
 
 def own_costs_error(run_dir: Path, ovs: List[str], real_sps: float) -> float:
@@ -216,10 +209,10 @@ def run_runner(run_dir: Path) -> str:
 
 def head_commit() -> str:
     """This checkout's commit, ``-dirty`` when its tracked files differ (as the runs' provenance says it)."""
-    rev = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                           text=True).stdout.strip()
-    return (rev.stdout.strip() or "this checkout") + ("-dirty" if dirty else "")
+    from laglab.run import git_state
+
+    commit, dirty = git_state(ROOT)
+    return (commit[:7] if commit else "this checkout") + ("-dirty" if dirty else "")
 
 
 def records_of(out: Path, cells, preds, reals, dirs, every: str, counts: List[int], runner: str, offset: int = 0,

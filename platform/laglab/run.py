@@ -41,6 +41,19 @@ def cpu_model() -> Optional[str]:
     return ", ".join(x for x in (name, isa) if x) or None
 
 
+def git_state(src: Path) -> Tuple[Optional[str], Optional[bool]]:
+    """(the checkout's commit, whether its tracked files differ from it); (None, None) outside git."""
+    import subprocess
+
+    try:
+        git = lambda *a: subprocess.run(["git", "-C", str(src), *a], capture_output=True, text=True,  # noqa: E731
+                                        timeout=5).stdout.strip()
+        commit = git("rev-parse", "HEAD") or None
+        return commit, bool(git("status", "--porcelain", "--untracked-files=no")) if commit else None
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
 def provenance() -> Dict[str, Any]:
     """Where a run came from and what the machine was doing when it started: git commit and dirty flag of the
     source tree, package versions, host, command line, start time, and the host's load (``load_1min``: the 1-min
@@ -51,7 +64,6 @@ def provenance() -> Dict[str, Any]:
     import datetime
     import os
     import platform as stdlib_platform
-    import subprocess
     import sys
     from importlib.metadata import PackageNotFoundError, version
 
@@ -62,14 +74,7 @@ def provenance() -> Dict[str, Any]:
             out[pkg] = version(pkg)
         except PackageNotFoundError:
             out[pkg] = None
-    src = Path(__file__).resolve().parents[2]
-    try:
-        git = lambda *a: subprocess.run(["git", "-C", str(src), *a], capture_output=True, text=True,  # noqa: E731
-                                        timeout=5).stdout.strip()
-        out["git_commit"] = git("rev-parse", "HEAD") or None
-        out["git_dirty"] = bool(git("status", "--porcelain", "--untracked-files=no")) if out["git_commit"] else None
-    except (OSError, subprocess.SubprocessError):
-        out["git_commit"], out["git_dirty"] = None, None
+    out["git_commit"], out["git_dirty"] = git_state(Path(__file__).resolve().parents[2])
     out["cpu_count"] = os.cpu_count()
     out["usable_cpus"] = usable_cpus()  # (affinity capped by a cgroup quota: the cores the run could use)
     out["cpu"] = cpu_model()

@@ -715,31 +715,44 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     return out
 
 
+def steady_actor_deltas(run_dir: Path, m, cols: Sequence[str]):
+    """(per actor, what its cumulative ``cols`` of actors.parquet grew by over the middle half of the updates; that
+    span in seconds), or None where that cannot be read: no actors.parquet or column, too few updates, an actor that
+    started or ended inside the window, or one restarted in it (its readings count from 0 again)."""
+    import pandas as pd
+
+    path = run_dir / "actors.parquet"
+    if "update" not in m or len(m) < 4 or not path.exists():
+        return None
+    a = pd.read_parquet(path)
+    if any(c not in a for c in cols):
+        return None
+    i, j = steady_window(len(m))
+    u0, u1 = m["update"].iloc[i], m["update"].iloc[j]
+    at = {u: a[a["update"] == u].set_index("actor") for u in (u0, u1)}
+    if at[u0].empty or at[u1].empty or set(at[u1].index) != set(at[u0].index):
+        return None
+    diff = at[u1][list(cols)] - at[u0][list(cols)].reindex(at[u1].index)
+    span = float(m["wall_time"].iloc[j] - m["wall_time"].iloc[i])
+    if (diff < 0).any().any() or span <= 0:
+        return None
+    return diff, span
+
+
 def others_over_steady(run_dir: Path, m) -> Optional[Tuple[float, float]]:
     """(calls per second, the CPU per second of every process but the run's actors and learner) over the middle half
     of a run's updates (as :func:`steady_rate`: not the actors' start, when Ray's workers import and build), from
     the per-update readings (metrics ``cpu/machine_busy_s``, ``cpu/learner_s``; actors.parquet ``cpu_s``,
     ``rollouts``); None where the run has no machine reading (an older run, a machine that is not the run's)."""
-    import pandas as pd
-
-    if any(k not in m for k in ("cpu/machine_busy_s", "cpu/learner_s", "update")) or len(m) < 4 \
-            or m["cpu/machine_busy_s"].isna().any() or not (run_dir / "actors.parquet").exists():
+    if any(k not in m for k in ("cpu/machine_busy_s", "cpu/learner_s")) or m["cpu/machine_busy_s"].isna().any():
         return None
+    steady = steady_actor_deltas(run_dir, m, ["cpu_s", "rollouts"])
+    if steady is None:
+        return None
+    d, span = steady[0].sum(), steady[1]
     i, j = steady_window(len(m))
-    a = pd.read_parquet(run_dir / "actors.parquet")
-    u0, u1 = m["update"].iloc[i], m["update"].iloc[j]
-    at = {u: a[a["update"] == u].set_index("actor") for u in (u0, u1)}
-    if at[u0].empty or at[u1].empty:
-        return None
-    if set(at[u1].index) != set(at[u0].index):  # (an actor that started or ended in the window)
-        return None
-    diff = at[u1][["cpu_s", "rollouts"]] - at[u0][["cpu_s", "rollouts"]].reindex(at[u1].index)
-    if (diff < 0).any().any():  # (a restarted actor counts from 0 again)
-        return None
-    d = diff.sum()
-    span = float(m["wall_time"].iloc[j] - m["wall_time"].iloc[i])
     learner_back = m["cpu/learner_s"].iloc[j] < m["cpu/learner_s"].iloc[i]  # (a resumed run's process)
-    if span <= 0 or d["rollouts"] <= 0 or learner_back:
+    if d["rollouts"] <= 0 or learner_back:
         return None
     busy = float(m["cpu/machine_busy_s"].iloc[j] - m["cpu/machine_busy_s"].iloc[i])
     learner = float(m["cpu/learner_s"].iloc[j] - m["cpu/learner_s"].iloc[i])
