@@ -510,3 +510,135 @@ def test_calibration_takes_what_it_measures_as_wall_time_from_the_least_crowded_
     assert four["cores"] == 4 and four["crowding_s"] == pytest.approx(30e-6 / (18 / 4))
     with pytest.raises(SimError, match="one machine size"):
         calibrate([tmp_path / "a24_e4_c4", run_dir(6, 0.1e-3, 120e-6, 60e-6, cpus=8)])
+
+
+# ---- the cores: a run queue each (laglab.sim._Cores), as perf sched showed this VM's kernel keeps them ----------
+def _cores_run(tasks, move_p=0.0, n=2, until=None):
+    """Run ``tasks`` — (name, start s, [burst s, sleep s, burst s, ...], first core, priority) — on ``n`` cores;
+    returns ({name: (end, waited)}, the cores)."""
+    import numpy as np
+    import simpy
+
+    from laglab.sim import _Cores
+
+    env = simpy.Environment()
+    cores = _Cores(env, n, move_p, np.random.default_rng(0))
+    log = {}
+
+    def task(name, start, parts, first, prio):
+        yield env.timeout(start)
+        w = [0.0]
+        for k, x in enumerate(parts):
+            if k % 2:
+                yield env.timeout(x)
+            else:
+                yield from cores.run(x, prio, w, name, first)
+        log[name] = (env.now, w[0])
+
+    procs = [env.process(task(*t)) for t in tasks]
+    env.run(until=until or env.all_of(procs))
+    return log, cores
+
+
+def test_a_task_waking_to_a_busy_core_queues_there_while_another_idles_until_the_tick():
+    # A runs 10 ms on core 1; B wakes at 1 ms wanting core 1 too while core 0 idles: it queues (moves only with
+    # wake_move_p), and the idle core takes it at the next tick (4 ms): B ends at 5 ms, 3 ms of waiting
+    tasks = [("A", 0.0, [0.010], 1, 1), ("B", 0.001, [0.001], 1, 1)]
+    log, cores = _cores_run(tasks, move_p=0.0)
+    assert log["B"] == pytest.approx((0.005, 0.003))
+    assert cores.idle_queued == pytest.approx(0.003)  # core 0 idle while B waited
+    assert cores.home["B"] == 0
+    log, cores = _cores_run(tasks, move_p=1.0)  # (always moving: the shared pool's behaviour)
+    assert log["B"] == pytest.approx((0.002, 0.0)) and cores.idle_queued == 0.0
+    assert cores.placed == [1, 1]
+
+
+def test_the_learner_preempts_the_actor_on_its_own_core_not_the_other():
+    # X on core 0 and Y on core 1 each compute 10 ms; the learner (priority 0, core 0) computes 2 ms from 1 ms: X
+    # waits those 2 ms and ends at 12, first in its core's queue; Y is not touched
+    log, _ = _cores_run([("X", 0.0, [0.010], 0, 1), ("Y", 0.0, [0.010], 1, 1), ("learner", 0.001, [0.002], 0, 0)])
+    assert log["learner"] == pytest.approx((0.003, 0.0))
+    assert log["X"] == pytest.approx((0.012, 0.002))
+    assert log["Y"] == pytest.approx((0.010, 0.0))
+
+
+def test_crowded_tasks_spread_over_the_cores_by_the_ticks_pull_and_the_periodic_balance():
+    # three tasks that compute 1 ms and sleep 1 ms, all starting on core 1 (1.5 cores of demand on one), with no
+    # moves at wake-up: the idle core's pull at a tick takes one, and it stays (a task's home is where it last ran)
+    parts = [0.001, 0.001] * 60 + [0.001]
+    log, cores = _cores_run([(f"T{i}", 0.0, parts, 1, 1) for i in range(3)], move_p=0.0)
+    assert sorted(cores.home.values()) == [0, 1, 1]
+    assert max(w for _, w in log.values()) < 0.01  # (on core 1 alone: ~60 ms each over the 120 bursts)
+    # the periodic balance: the task whose recent CPU best halves the gap between the cores' tasks moves its home,
+    # and none moves where that would only turn the gap around
+    import numpy as np
+    import simpy
+
+    from laglab.sim import _Cores
+
+    cores = _Cores(simpy.Environment(), 2, 0.0, np.random.default_rng(0))
+    cores.home = {"a": 1, "b": 1, "c": 1}
+    cores.recent = {"a": [0.010, 0.0], "b": [0.004, 0.0], "c": [0.010, 0.0]}
+    cores._balance()
+    assert cores.home == {"a": 0, "b": 1, "c": 1}  # gap 24 ms: a (10) leaves 4 ms of it, b (4) 16
+    cores._balance()  # gap 4 ms: b (4) would turn it around, a and c are larger
+    assert cores.home == {"a": 0, "b": 1, "c": 1}
+
+
+def test_per_core_queues_leave_a_core_idle_while_actors_wait_where_the_pool_does_not():
+    # three actors of 100 us of CPU and ~100 us of sleep per step on two cores (1.5 cores of demand), jittered.
+    # Per-core queues: an actor that wakes to a busy core mostly queues there (wake_move_p), and a core whose
+    # queue empties does not take work queued on the other until the next tick: a core idles while actors wait,
+    # which the pool (any waiting actor takes a free core) never does; actors that always move idle less
+    c = cfg("actors=3", "actor.max_lead_steps=null", "total_env_steps=60000", "actor.envs_per_actor=1")
+    lat = Latency("lognormal", median_ms=0.1, sigma=0.5)
+    base = {**FREE, "step_cpu_s": 100e-6, "cores": 2}
+    stay = simulate(c, Costs(**base, wake_move_p=0.0), lat)
+    move = simulate(c, Costs(**base, wake_move_p=1.0), lat)
+    pool = simulate(c, Costs(**base), lat, sched="pool")
+    assert stay["idle_while_queued_frac"] > 0.04 and pool["idle_while_queued_frac"] == 0.0
+    assert 0 < move["idle_while_queued_frac"] < 0.8 * stay["idle_while_queued_frac"]
+    assert stay["actor_cpu_wait_frac"] > 1.8 * pool["actor_cpu_wait_frac"]
+    assert stay["sps_steady"] < 0.98 * pool["sps_steady"]
+    assert move["wake_moved_frac"] == 1.0 and stay["wake_moved_frac"] == 0.0
+    half = simulate(c, Costs(**base, wake_move_p=0.5), lat)
+    assert half["wake_moved_frac"] == pytest.approx(0.5, abs=0.05)
+    with pytest.raises(SimError, match="sched"):
+        simulate(c, Costs(**base), lat, sched="fifo")
+    with pytest.raises(SimError, match="wake_move_p"):
+        Costs(**{**base, "wake_move_p": 1.5}).check()
+
+
+def test_sched_trace_reads_placements_pulls_and_idle_from_a_perf_trace():
+    # a hand-written trace on two cores (the perf script lines benchmarks/sched_trace.py reads): at 1.000 core 0
+    # runs task 10 and core 1 is idle; task 11 wakes for busy core 0 while core 1 idles and queues there (not moved);
+    # task 12 wakes the same way and is migrated to core 1 (moved); core 1 goes idle at 1.006 while task 11 still
+    # waits on core 0 (gone idle with a task waiting elsewhere), then runs task 13 of its own (not a pull)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from sched_trace import analyse
+
+    sw = "sched_switch: prev_comm=x prev_pid={} prev_prio=139 prev_state={} ==> next_comm=y next_pid={} next_prio=139"
+    trace = [
+        "[000] 1.000000: " + sw.format(0, "R", 10),
+        "[001] 1.000000: " + sw.format(9, "S", 0),
+        "[000] 1.001000: sched_waking: comm=x pid=11 prio=139 target_cpu=000",
+        "[000] 1.002000: sched_waking: comm=x pid=12 prio=139 target_cpu=000",
+        "[000] 1.002000: sched_migrate_task: comm=x pid=12 prio=139 orig_cpu=0 dest_cpu=1",
+        "[001] 1.003000: " + sw.format(0, "R", 12),
+        "[001] 1.006000: " + sw.format(12, "S", 0),
+        "[001] 1.007000: sched_waking: comm=x pid=13 prio=139 target_cpu=001",
+        "[001] 1.008000: " + sw.format(0, "R", 13),
+        "[000] 1.010000: " + sw.format(10, "S", 11),
+        "[001] 1.010000: " + sw.format(13, "S", 0),
+    ]
+    out = analyse(trace)
+    assert out["cores"] == 2 and out["seconds"] == pytest.approx(0.010)
+    assert out["woke_to_busy_core_with_another_idle"] == 2 and out["wake_move_p"] == 0.5
+    assert out["went_idle_with_tasks_waiting_elsewhere"] == 1 and out["pulled_frac"] == 0.0
+    # core 1 idle 1.000-1.003 and 1.006-1.008 (5 ms of the cores' 20); idle while task 11 waited on core 0 and
+    # nothing on core 1's own queue: 1.001-1.002 and 1.006-1.007 (in 1.002-1.003 and 1.007-1.008 core 1 had a task
+    # of its own waiting: its wake-up, not another core's work)
+    assert out["idle_frac"] == pytest.approx(0.005 / 0.020)
+    assert out["idle_while_queued_frac"] == pytest.approx(0.002 / 0.020)
+    with pytest.raises(ValueError, match="no scheduler events"):
+        analyse(["perf noise"])

@@ -45,10 +45,13 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   grants credit for what it has taken (as ``serve`` does).
 * **CPU**: ``Costs.cores`` CPUs shared by everything that computes. The learner preempts actors (process actors
   run at nice 19, Ray's workers at 15); actors queue for a core among themselves (``actor_cpu_wait_frac``: their
-  share of time runnable without a core). Waiting on an env (a sleep) holds no core. The cores are one pool: a
-  real machine keeps a run queue per core; at 64 process actors on two cores it stood 10-17% idle, mostly while
-  tasks were runnable (procs_running sampled through one run), which the model does not have (it over-predicts SPS
-  there).
+  share of time runnable without a core). Waiting on an env (a sleep) holds no core. Each core keeps its own run
+  queue, as Linux does (``_Cores``, from ``perf sched`` traces of real runs: ``benchmarks/sched_trace.py``): a
+  waking task queues on the core it last ran on even when another is idle (it moves with ``Costs.wake_move_p``,
+  measured 0.11-0.23 here), and a core whose queue empties idles while tasks wait on the other until a tick pulls
+  one, so a machine stands partly idle with tasks runnable (``idle_while_queued_frac``: 7-11% of the cores' time
+  at 64 process actors in the traces, 8-10% in the model) and crowded actors wait longer than in one shared pool
+  (``--sched pool``, the model until 2026-12-06, which over-predicted SPS by 8-17% at 56-64 process actors).
   Actors crowded on cores cost each other: their CPU per env step is ``step_cpu_s + crowding_s x actors / cores``
   (a line fitted over calibration runs at two counts; measured growth, not a model of caches or the scheduler).
 
@@ -94,6 +97,9 @@ class Costs:
                          # (a round trip through Ray: holds no core)
     call_cpu_s: float = 0.0  # runner=ray: CPU per call outside the actors and the learner (the snapshot board's
                              # answer, Ray's raylet and GCS): held on a core, beside the actor's wait
+    wake_move_p: float = 0.16  # the cores: the chance that a task waking to find its core busy and another idle
+                               # moves to the idle one (else it queues on its own): a fact of the kernel, measured
+                               # with benchmarks/sched_trace.py (this VM: 0.11-0.23 at 16-64 actors, 0.16 pooled)
     startup_s: float = 0.0  # from the run's start to the actors' first env step (counted in sps, as a run does)
     cores: float = 2.0  # CPUs shared by the learner and the actors
 
@@ -104,6 +110,8 @@ class Costs:
                 raise SimError(f"costs.{f.name} must be a number >= 0, got {v!r}")
         if self.update_s <= 0:
             raise SimError(f"costs.update_s must be > 0, got {self.update_s!r}")
+        if self.wake_move_p > 1:
+            raise SimError(f"costs.wake_move_p is a probability: 0 to 1, got {self.wake_move_p!r}")
         if self.cores < 1 or self.cores != int(self.cores):
             raise SimError(f"costs.cores must be an integer >= 1, got {self.cores!r}")
 
@@ -231,15 +239,176 @@ class _Queue:
         return item
 
 
-def _cpu(env, cpu, seconds: float, priority: int, waited: Optional[List[float]] = None):
+class _Cores:
+    """Cores with a run queue each, as Linux keeps them. What it does is what ``perf sched`` showed on this VM
+    (kernel 6.18, HZ=250; ``benchmarks/sched_trace.py``, 16-64 actors of env=latency on two cores): a task that
+    wakes goes to the core it last ran on (its home: actor i starts on core i + 1 mod cores, the learner on core 0)
+    if that core is idle; if it is busy and another core idle, the task moves there only with probability
+    ``Costs.wake_move_p`` (measured 0.11-0.23: mostly it queues on its busy home while the other core idles). A
+    core whose queue empties goes idle and does not take work queued elsewhere (at 64 actors a core that went idle
+    while the other had tasks queued took one of them in 20 of 2276 cases) except at the scheduler tick (4 ms),
+    when an idle core takes one task waiting on another. Every 32 ms (a busy core's periodic balance: 2 ms x
+    busy_factor 16) one task moves its home from the core whose tasks used the most CPU lately (a 32 ms half-life,
+    as PELT) to the one whose used the least, where that narrows the gap. The learner (priority 0) preempts an
+    actor on the core it wakes on; the preempted actor waits first in that core's queue. ``idle_queued`` adds up
+    core-seconds idle while a task waited on another core; ``placed``: wake-ups that found the home busy and a
+    core idle, and how many of them moved there."""
+
+    TICK_S = 0.004  # CONFIG_HZ=250: an idle core's balance
+    BALANCE_TICKS = 8  # a busy core's periodic load balance: every 32 ms
+    HALF_LIFE_S = 0.032  # the tasks' recent CPU (PELT's half-life)
+
+    def __init__(self, env, n: int, move_p: float, rng):
+        self.env, self.n, self.move_p, self.rng = env, n, move_p, rng
+        self.cur: List[Optional[list]] = [None] * n  # per core: [priority, process, task] of what runs on it
+        self.q: List[list] = [[] for _ in range(n)]  # per core: waiting [priority, order, event, process, task]
+        self.home: Dict[object, int] = {}
+        self.recent: Dict[object, List[float]] = {}  # task -> [its CPU time, decayed; when]
+        self.seq = 0
+        self.idle_queued = 0.0
+        self.placed = [0, 0]
+        self._t = 0.0
+        env.process(self._tick())
+
+    def _track(self) -> None:
+        now = self.env.now
+        if now > self._t and any(self.q):
+            self.idle_queued += (now - self._t) * sum(1 for c in range(self.n) if self._idle(c))
+        self._t = now
+
+    def _idle(self, c: int) -> bool:
+        return self.cur[c] is None and not self.q[c]
+
+    def place(self, task, first: int) -> int:
+        """The core a waking task queues on (``first``: its core before it has run)."""
+        h = self.home.get(task, first % self.n)
+        if self._idle(h):
+            return h
+        idle = [c for c in range(self.n) if self._idle(c)]
+        if not idle:
+            return h
+        self.placed[0] += 1
+        if self.rng.random() < self.move_p:
+            self.placed[1] += 1
+            return idle[0]
+        return h
+
+    def _grant(self, c: int) -> None:
+        prio, _, ev, proc, task = self.q[c].pop(0)
+        self.cur[c] = [prio, proc, task]
+        ev.succeed(c)
+
+    def wait(self, c: int, priority: int, ev, proc, task, front: bool) -> None:
+        """Queue for core ``c``: granted at once if it is free; the learner preempts an actor running on it;
+        ``front``: a preempted task, first among its priority."""
+        self._track()
+        self.seq += 1
+        self.q[c].append([priority, -self.seq if front else self.seq, ev, proc, task])
+        self.q[c].sort(key=lambda x: (x[0], x[1]))
+        run = self.cur[c]
+        if run is not None and priority < run[0]:
+            run[1].interrupt("preempted")
+            self.cur[c] = None
+        if self.cur[c] is None:
+            self._grant(c)
+
+    def release(self, c: int) -> None:
+        self._track()
+        self.cur[c] = None
+        if self.q[c]:
+            self._grant(c)
+
+    def _used(self, task, now: float, add: float = 0.0) -> float:
+        r = self.recent.setdefault(task, [0.0, now])
+        r[0] = r[0] * 0.5 ** ((now - r[1]) / self.HALF_LIFE_S) + add
+        r[1] = now
+        return r[0]
+
+    def _balance(self) -> None:
+        now = self.env.now
+        load = [0.0] * self.n
+        for task, c in self.home.items():
+            load[c] += self._used(task, now)
+        hi = max(range(self.n), key=load.__getitem__)
+        lo = min(range(self.n), key=load.__getitem__)
+        gap, best = load[hi] - load[lo], None
+        for task, c in self.home.items():  # the task that best halves the gap (not the one running)
+            u = self._used(task, now)
+            if c == hi and 0 < u < gap and not any(r is not None and r[2] == task for r in self.cur):
+                if best is None or abs(gap - 2 * u) < abs(gap - 2 * best[1]):
+                    best = (task, u)
+        if best is None:
+            return
+        self.home[best[0]] = lo
+        for item in self.q[hi]:  # waiting: it moves with its home
+            if item[4] == best[0]:
+                self._track()
+                self.q[hi].remove(item)
+                self.wait(lo, item[0], item[2], item[3], item[4], False)
+                return
+
+    def _tick(self):
+        ticks = 0
+        while True:
+            yield self.env.timeout(self.TICK_S)
+            ticks += 1
+            for c in range(self.n):  # an idle core takes one task waiting on the longest queue
+                src = max(range(self.n), key=lambda k: len(self.q[k]))
+                if self._idle(c) and self.q[src]:
+                    self._track()
+                    item = self.q[src].pop()
+                    self.wait(c, item[0], item[2], item[3], item[4], False)
+            if ticks % self.BALANCE_TICKS == 0:
+                self._balance()
+
+    def run(self, seconds: float, priority: int, waited: Optional[List[float]], task, first: int):
+        import simpy
+
+        proc = self.env.active_process
+        left, c, front = seconds, None, False
+        while left > 1e-12:
+            t0 = self.env.now
+            if c is None:  # (a preempted task stays on its core's queue)
+                c = self.place(task, first)
+            ev = self.env.event()
+            self.wait(c, priority, ev, proc, task, front)
+            try:
+                c = yield ev
+            except simpy.Interrupt:  # preempted after the core was granted, before this process resumed on it
+                if waited is not None:
+                    waited[0] += self.env.now - t0
+                front = True
+                continue
+            if waited is not None:
+                waited[0] += self.env.now - t0
+            start = self.env.now
+            try:
+                yield self.env.timeout(left)
+                left = 0.0
+            except simpy.Interrupt:  # the learner took the core
+                left -= self.env.now - start
+                front = True
+                continue
+        self.home[task] = c
+        self._used(task, self.env.now, seconds)
+        self.release(c)
+
+
+def _cpu(env, cpu, seconds: float, priority: int, waited: Optional[List[float]] = None, who=None):
     """Hold a core for ``seconds`` of work; a preempted actor resumes the rest later. ``waited[0]`` adds up the
     time spent runnable without a core (queued, or preempted and queued again), as the kernel's run delay does.
-    ``cpu`` None: a core of its own, always free (no queue, no preemption: just the time)."""
+    ``cpu`` None: a core of its own, always free (no queue, no preemption: just the time); a :class:`_Cores`:
+    per-core run queues, ``who`` the task (an actor's index, "learner", ("call", i)); else one shared pool."""
     import simpy
 
     if cpu is None:
         if seconds > 1e-12:  # (as the pool does: no work, no event)
             yield env.timeout(seconds)
+        return
+    if isinstance(cpu, _Cores):
+        if seconds > 1e-12:
+            first = 1 + (who if isinstance(who, int) else who[1]) if who != "learner" else 0  # (actor i: core i+1)
+            yield from cpu.run(seconds, priority, waited, who, first)
         return
     left = seconds
     while left > 1e-12:
@@ -287,13 +456,32 @@ def check(cfg: Config, costs: Costs, latency: Optional[Latency]) -> None:
             raise SimError(f"{key} is not modelled by laglab.sim (it depends on the policy); leave it unset")
 
 
+SCHEDULERS = ("cores", "pool")
+
+
+def draws(cfg: Config, costs: Costs, latency: Optional[Latency] = None, sched: str = "cores") -> bool:
+    """Whether the model's prediction depends on its seed: lognormal latencies, Ray's per-call round trips, or
+    per-core queues that tasks leave by chance (shared cores, ``0 < wake_move_p < 1``)."""
+    if latency is not None and latency.kind == "lognormal":
+        return True
+    if cfg.runner.name.value == "ray" and costs.call_s > 0:
+        return True
+    shared = costs.cores < cfg.actors + 1 or (cfg.runner.name.value == "ray" and costs.call_cpu_s > 0)
+    return sched == "cores" and shared and 0 < costs.wake_move_p < 1
+
+
 def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Latency] = None, seed: int = 0,
-             frag_bytes: Optional[int] = None, pool: Optional[bool] = None) -> Dict[str, object]:
+             frag_bytes: Optional[int] = None, pool: Optional[bool] = None, sched: str = "cores") -> Dict[str, object]:
     """Run the model to the end of ``cfg.total_env_steps``; returns its predictions (see :data:`OUTPUTS`). With a
     core for the learner and one for each actor (and no per-call CPU on Ray, which runs beside its actor) nothing
     ever queues for one, and the model skips the shared pool (a cluster of 4096 actors: minutes, not an hour);
-    ``pool=True`` keeps it anyway (the tests check the two agree)."""
+    ``pool=True`` keeps it anyway (the tests check the two agree). ``sched``: ``cores`` (a run queue per core, as
+    Linux keeps them: :class:`_Cores`) or ``pool`` (the cores as one pool any task takes the first free core of:
+    the model until 2026-12-06)."""
     import simpy
+
+    if sched not in SCHEDULERS:
+        raise SimError(f"sched must be one of {', '.join(SCHEDULERS)}, got {sched!r}")
 
     costs = costs or Costs()
     if latency is None:
@@ -305,7 +493,12 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     N, E, T = cfg.actors, cfg.actor.envs_per_actor, cfg.actor.rollout_len
     # (Ray's per-call CPU runs beside its actor, how many at once depends on the timing: it keeps the pool)
     own_cores = costs.cores >= N + 1 and not (cfg.runner.name.value == "ray" and costs.call_cpu_s > 0)
-    cpu = None if own_cores and not pool else simpy.PreemptiveResource(env, capacity=int(costs.cores))
+    if own_cores and not pool:
+        cpu = None
+    elif sched == "cores":
+        cpu = _Cores(env, int(costs.cores), costs.wake_move_p, np.random.default_rng([seed, 2]))
+    else:
+        cpu = simpy.PreemptiveResource(env, capacity=int(costs.cores))
     per_rollout = E * T
     total = int(cfg.total_env_steps)
     need = batch_fragments(cfg)
@@ -378,18 +571,18 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     def collect(i: int):
         for _ in range(T):  # one batched inference, then each env in turn: its CPU, then its wait
             for e in range(E):  # (each wait ends in a wake-up that queues for a core again, as each env's sleep does)
-                yield from _cpu(env, cpu, (costs.infer_s if e == 0 else 0.0) + step_cpu, 1, run_delay)
+                yield from _cpu(env, cpu, (costs.infer_s if e == 0 else 0.0) + step_cpu, 1, run_delay, i)
                 w = step_wait(i, 1) + costs.step_wait_s
                 if w > 0:
                     yield env.timeout(w)
         st["produced"] += per_rollout
 
-    def refresh(version: int):
+    def refresh(i: int, version: int):
         """An actor's snapshot before a rollout: the newest, loaded (at its CPU cost) when it has none yet or it
         lags the newest by more than ``actor.sync_min_lag`` versions; the version it acts with."""
         newest = published[0]
         if newest != version and (version < 0 or newest - version > cfg.actor.sync_min_lag):
-            yield from _cpu(env, cpu, costs.fetch_s, 1, run_delay)
+            yield from _cpu(env, cpu, costs.fetch_s, 1, run_delay, i)
             st["fetches"] += 1
             return newest
         return version
@@ -403,12 +596,12 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             if token == "stop":
                 break
             if costs.call_cpu_s > 0:  # (the board and Ray's own processes compute for the call, on a core)
-                env.process(_cpu(env, cpu, costs.call_cpu_s, 1))
+                env.process(_cpu(env, cpu, costs.call_cpu_s, 1, None, ("call", i)))
             if costs.call_s > 0:  # (asking the board: the newest version as the answer arrives)
                 yield env.timeout(call_rng.exponential(costs.call_s))
-            version = yield from refresh(version)
+            version = yield from refresh(i, version)
             yield from collect(i)
-            yield from _cpu(env, cpu, E * costs.send_s, 1, run_delay)
+            yield from _cpu(env, cpu, E * costs.send_s, 1, run_delay, i)
             yield answers.put((i, version, env.now))
         st["done_actors"] += 1
         q.wake()
@@ -428,7 +621,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     def actor(i: int):
         version, produced = -1, 0
         while True:
-            version = yield from refresh(version)
+            version = yield from refresh(i, version)
             if max_lead is not None and produced - credit[i] >= max_lead and st["reserved"] + per_rollout <= total:
                 t0 = env.now
                 st["paused"] += 1
@@ -441,7 +634,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             st["reserved"] += per_rollout
             yield from collect(i)
             produced += per_rollout
-            yield from _cpu(env, cpu, E * costs.send_s, 1, run_delay)
+            yield from _cpu(env, cpu, E * costs.send_s, 1, run_delay, i)
             for _ in range(E):
                 t0 = env.now
                 if slotted:  # a free slot of its own (blocked while every one waits for the receiver), then the header
@@ -490,7 +683,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             item = q.get()
             ages.append(env.now - item[3])
             t0 = env.now
-            yield from _cpu(env, cpu, costs.fragment_s, 0)  # (the learner preempts actors)
+            yield from _cpu(env, cpu, costs.fragment_s, 0, None, "learner")  # (the learner preempts actors)
             st["learner_busy"] += env.now - t0
             a, steps, behavior, _ = item
             consumed[a] += steps
@@ -503,7 +696,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             if len(staged) < need:
                 continue
             t0 = env.now
-            yield from _cpu(env, cpu, costs.update_s, 0)
+            yield from _cpu(env, cpu, costs.update_s, 0, None, "learner")
             st["learner_busy"] += env.now - t0
             lags.extend(st["version"] - s[2] for s in staged)
             st["trained"] += sum(s[1] for s in staged)
@@ -553,6 +746,9 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
         "rejected_steps": q.rejected_steps,
         "actor_throttle_frac": st["throttle_s"] / (N * end), "actor_blocked_frac": st["blocked_s"] / (N * end),
         "actor_cpu_wait_frac": run_delay[0] / (N * end),
+        "idle_while_queued_frac": (cpu.idle_queued / (cpu.n * end)) if isinstance(cpu, _Cores) else 0.0,
+        "wake_moved_frac": (cpu.placed[1] / cpu.placed[0] if isinstance(cpu, _Cores) and cpu.placed[0]
+                            else float("nan")),
         "snapshot_loads": st["fetches"],
     }
 
@@ -798,6 +994,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                       "lognormal:<median ms>,<sigma> (default: env.latency_ms)")
     ap.add_argument("--seed", type=int, default=0, help="the draws' seed: lognormal latencies, Ray's per-call round "
                     "trips (at 14 Ray workers of one latency, seeds 0-4 moved mean lag 2.04-2.12 and SPS 0.5%%)")
+    ap.add_argument("--sched", choices=SCHEDULERS, default="cores", help="the cores: a run queue each, as Linux "
+                    "keeps them (default), or one pool any waiting task takes the first free core of")
     ap.add_argument("--calibrate", nargs="+", metavar="RUN_DIR", help="print the costs measured from real runs")
     ap.add_argument("--out", help="--calibrate: also write the costs to this file (for --costs)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -820,7 +1018,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 raise SimError(f"--cost {kv}: {e}") from None
         latency = Latency.parse(args.latency) if args.latency else None
         cfg = compose(args.overrides)
-        out = simulate(cfg, costs, latency, seed=args.seed)
+        out = simulate(cfg, costs, latency, seed=args.seed, sched=args.sched)
     except (SimError, ConfigError, FileNotFoundError, json.JSONDecodeError, KeyError) as e:
         print(f"laglab.sim: {e}", file=sys.stderr)
         return 2
