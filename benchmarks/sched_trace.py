@@ -16,8 +16,9 @@ every CPU (``perf sched record``) and reads them back (``perf script``), then pr
 The run queues are rebuilt from ``sched_waking`` (a task joins its target core's queue), ``sched_migrate_task``
 (it moves) and ``sched_switch`` (a preempted task rejoins the queue; the next task leaves it). Needs ``perf``
 (Debian: ``apt-get install linux-perf``) and the right to trace (root, or kernel.perf_event_paranoid <= 1). 2026-12-06,
-this VM (kernel 6.18, two CPUs), 16 / 32 / 64 actors: wake-ups moved to the idle core in 15% / 23% / 11% of cases;
-a core that went idle took a waiting task in 1% of cases; 7-15% of the cores' time idle while a task waited.
+this VM (kernel 6.18, two CPUs), seven traces at 16-64 actors: wake-ups moved to the idle core in 6-23% of cases; a
+core that went idle took a waiting task in 1-2%; 6-17% of the cores' time idle while a task waited elsewhere
+(three of them: reports/sim_validation/sched_trace.txt).
 """
 from __future__ import annotations
 

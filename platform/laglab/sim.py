@@ -48,10 +48,10 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   share of time runnable without a core). Waiting on an env (a sleep) holds no core. Each core keeps its own run
   queue, as Linux does (``_Cores``, from ``perf sched`` traces of real runs: ``benchmarks/sched_trace.py``): a
   waking task queues on the core it last ran on even when another is idle (it moves with ``Costs.wake_move_p``,
-  measured 0.11-0.23 here), and a core whose queue empties idles while tasks wait on the other until a tick pulls
-  one, so a machine stands partly idle with tasks runnable (``idle_while_queued_frac``: 7-11% of the cores' time
-  at 64 process actors in the traces, 8-10% in the model) and crowded actors wait longer than in one shared pool
-  (``--sched pool``, the model until 2026-12-06, which over-predicted SPS by 8-17% at 56-64 process actors).
+  0.06-0.23 in seven traces here), and a core whose queue empties idles while tasks wait on the other until a tick
+  pulls one, so a machine stands partly idle with tasks runnable (``idle_while_queued_frac``: 6-17% of the cores'
+  time at 16-64 process actors in the traces, 4-9% in the model) and crowded actors wait longer than in one shared
+  pool (``--sched pool``, the model until 2026-12-06, which over-predicted SPS by 6-17% at 56-64 process actors).
   Actors crowded on cores cost each other: their CPU per env step is ``step_cpu_s + crowding_s x actors / cores``
   (a line fitted over calibration runs at two counts; measured growth, not a model of caches or the scheduler).
 
@@ -99,7 +99,8 @@ class Costs:
                              # answer, Ray's raylet and GCS): held on a core, beside the actor's wait
     wake_move_p: float = 0.16  # the cores: the chance that a task waking to find its core busy and another idle
                                # moves to the idle one (else it queues on its own): a fact of the kernel, measured
-                               # with benchmarks/sched_trace.py (this VM: 0.11-0.23 at 16-64 actors, 0.16 pooled)
+                               # with benchmarks/sched_trace.py (this VM: 0.06-0.23 in seven traces at 16-64
+                               # actors; 0.16 the first three pooled)
     startup_s: float = 0.0  # from the run's start to the actors' first env step (counted in sps, as a run does)
     cores: float = 2.0  # CPUs shared by the learner and the actors
 
@@ -244,7 +245,7 @@ class _Cores:
     (kernel 6.18, HZ=250; ``benchmarks/sched_trace.py``, 16-64 actors of env=latency on two cores): a task that
     wakes goes to the core it last ran on (its home: actor i starts on core i + 1 mod cores, the learner on core 0)
     if that core is idle; if it is busy and another core idle, the task moves there only with probability
-    ``Costs.wake_move_p`` (measured 0.11-0.23: mostly it queues on its busy home while the other core idles). A
+    ``Costs.wake_move_p`` (measured 0.06-0.23: mostly it queues on its busy home while the other core idles). A
     core whose queue empties goes idle and does not take work queued elsewhere (at 64 actors a core that went idle
     while the other had tasks queued took one of them in 20 of 2276 cases) except at the scheduler tick (4 ms),
     when an idle core takes one task waiting on another. Every 32 ms (a busy core's periodic balance: 2 ms x
