@@ -175,7 +175,10 @@ def build(d: str | Path) -> str:
            "within one version, in every run of the cell. Most cells ran once: at 64 process actors three runs of "
            "one cell spread 5% in SPS, so a single run's error within ~5 points of the goal's edge decides little. "
            "A `Re-predicted` table is a later model on the same calibrations: where the set was looked at while that "
-           "model was made, it is development, not validation (the set's text says which).", ""]
+           "model was made, it is development, not validation (the set's text says which). This VM's speed drifts "
+           "(the actors' CPU per env step moved 1.6x within minutes on 2026-12-05: 60-73 us, then 99-123): the cell "
+           "protocol calibrates right before each cell for that reason, and an earlier protocol's single calibration "
+           "read the same cells +1% and +35% twenty minutes apart.", ""]
     for name, meta in sets.items():
         g = runs[runs["set"] == name]
         t = cell_table(g)

@@ -8,17 +8,17 @@
 It starts the command, waits ``--warm`` seconds (the actors' start), records ``--seconds`` of scheduler events on
 every CPU (``perf sched record``) and reads them back (``perf script``), then prints:
 
-* each core's idle share, and its share idle while a task waited in another core's queue;
-* wake-ups that found their core busy and another idle, and how many ran on the idle one (``Costs.wake_move_p``:
-  the rest queued on their busy core);
+* each core's idle share, and its share idle while a task waited behind a running one on another core;
+* wake-ups that found their core busy and another idle, and how many the wake-up itself moved to another core
+  (``Costs.wake_move_p``; a migration in the same instant as the waking) and how many were pulled there later;
 * cores that went idle while another had tasks waiting, and how many ran one of those next (a pull).
 
 The run queues are rebuilt from ``sched_waking`` (a task joins its target core's queue), ``sched_migrate_task``
 (it moves) and ``sched_switch`` (a preempted task rejoins the queue; the next task leaves it). Needs ``perf``
 (Debian: ``apt-get install linux-perf``) and the right to trace (root, or kernel.perf_event_paranoid <= 1). 2026-12-06,
-this VM (kernel 6.18, two CPUs), seven traces at 16-64 actors: wake-ups moved to the idle core in 6-23% of cases; a
-core that went idle took a waiting task in 1-2%; 6-17% of the cores' time idle while a task waited elsewhere
-(three of them: reports/sim_validation/sched_trace.txt).
+this VM (kernel 6.18, two CPUs), six traces at 16-64 actors (reports/sim_validation/sched_trace.txt): the wake-up
+moved the task to the idle core in 7-21% of cases; a core that went idle took a waiting task next in 0.4-1.1%; 5-9%
+of the cores' time idle while a task waited behind another elsewhere.
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ DEFAULT = [sys.executable, "train.py", "env=latency", "env.latency_ms=[2]", "act
            "runner=process"]
 LINE = re.compile(r"\[(\d+)\]\s+([\d.]+):\s+(?:sched:)?(\w+):\s+(.*)")
 KV = re.compile(r"(\w+)=(\S+)")
+WAKE_S = 5e-6  # a migration this soon after a task's waking is the wake-up's own choice of core (the same instant)
 
 
 def analyse(lines: Iterable[str]) -> Dict[str, float]:
@@ -52,8 +53,9 @@ def analyse(lines: Iterable[str]) -> Dict[str, float]:
     cores: set = set()
     idle = collections.Counter()
     idle_queued = collections.Counter()
-    woke_busy = moved = went_idle = pulled = 0
-    pending: Dict[int, tuple] = {}  # task -> (its target core, whether it found it busy and another idle)
+    woke_busy = moved = moved_later = went_idle = pulled = 0
+    pending: Dict[int, list] = {}  # task -> [its target core, whether it found it busy and another idle, when it
+    # woke, whether the wake-up itself moved it (a migration in the same instant: the kernel's choice of core)]
     watch: Dict[int, set] = {}  # core that went idle -> the tasks then waiting elsewhere
     t_first = t_last = None
     for line in lines:
@@ -64,11 +66,11 @@ def analyse(lines: Iterable[str]) -> Dict[str, float]:
         cores.add(cpu)
         if t_last is not None and t > t_last:
             dt = t - t_last
-            waiting = any(queue.values())
-            for c in cores:
+            behind_busy = any(queue[c] and cur.get(c, -1) != 0 for c in cores)  # (queued behind a running task;
+            for c in cores:  # a task waking on an idle core is that core's wake-up, not work waiting elsewhere)
                 if cur.get(c, -1) == 0:
                     idle[c] += dt
-                    if waiting and not queue[c]:
+                    if behind_busy and not queue[c]:
                         idle_queued[c] += dt
         if t_first is None:
             t_first = t
@@ -81,13 +83,15 @@ def analyse(lines: Iterable[str]) -> Dict[str, float]:
                 continue
             busy = cur.get(target, 0) != 0 or bool(queue[target])
             other_idle = any(cur.get(c, -1) == 0 and not queue[c] for c in cores if c != target)
-            pending[pid] = (target, busy and other_idle)
+            pending[pid] = [target, busy and other_idle, t, False]
             queue[where.get(pid, target)].discard(pid)
             queue[target].add(pid)
             where[pid] = target
         elif ev == "sched_migrate_task":
             pid, src, dst = int(kv["pid"]), int(kv["orig_cpu"]), int(kv["dest_cpu"])
             cores.update((src, dst))
+            if pid in pending and t - pending[pid][2] <= WAKE_S:
+                pending[pid][3] = True
             if pid in queue[src]:
                 queue[src].discard(pid)
                 queue[dst].add(pid)
@@ -104,10 +108,11 @@ def analyse(lines: Iterable[str]) -> Dict[str, float]:
             cur[cpu] = nxt
             where[nxt] = cpu
             if nxt in pending:
-                target, counted = pending.pop(nxt)
+                target, counted, _, at_wake = pending.pop(nxt)
                 if counted:
                     woke_busy += 1
-                    moved += cpu != target
+                    moved += at_wake
+                    moved_later += cpu != target and not at_wake
             if nxt == 0:
                 elsewhere = set().union(*(queue[c] for c in cores if c != cpu))
                 if elsewhere:
@@ -122,6 +127,7 @@ def analyse(lines: Iterable[str]) -> Dict[str, float]:
             "idle_while_queued_frac": sum(idle_queued.values()) / (n * span),
             "woke_to_busy_core_with_another_idle": woke_busy,
             "wake_move_p": moved / woke_busy if woke_busy else float("nan"),
+            "moved_later_frac": moved_later / woke_busy if woke_busy else float("nan"),
             "went_idle_with_tasks_waiting_elsewhere": went_idle,
             "pulled_frac": pulled / went_idle if went_idle else float("nan")}
 
@@ -183,7 +189,8 @@ def main(argv=None) -> int:
     print(f"  cores idle                                      {out['idle_frac']:.1%}")
     print(f"  idle while a task waited on another core        {out['idle_while_queued_frac']:.1%}")
     print(f"  wake-ups to a busy core with another idle       {out['woke_to_busy_core_with_another_idle']}, "
-          f"of which ran on an idle core: {out['wake_move_p']:.1%}  (laglab.sim Costs.wake_move_p)")
+          f"of which the wake-up moved to another core: {out['wake_move_p']:.1%}  (laglab.sim Costs.wake_move_p); "
+          f"pulled there later: {out['moved_later_frac']:.1%}")
     print(f"  cores gone idle with tasks waiting elsewhere    {out['went_idle_with_tasks_waiting_elsewhere']}, "
           f"of which next ran one of those: {out['pulled_frac']:.1%}")
     return 0

@@ -57,7 +57,7 @@ def test_actors_queued_on_one_core_wait_for_it_in_turn(actors):
     one = simulate(c, Costs(**{**FREE, "step_cpu_s": 50e-6, "cores": 1}), Latency("fixed", per_actor_ms=[0.0]))
     assert one["actor_cpu_wait_frac"] == pytest.approx((actors - 1) / actors, abs=0.02)
     own = simulate(c, Costs(**{**FREE, "step_cpu_s": 50e-6, "cores": actors + 1}), Latency("fixed", per_actor_ms=[0.0]),
-                   pool=True)  # (through the pool: without it a core of one's own cannot be waited for)
+                   contend=True)  # (through the cores' queues: without them a core of one's own cannot be waited for)
     assert own["actor_cpu_wait_frac"] < 0.01
     # one core, 50 us of CPU per 2 ms sleep: a sleeping actor leaves the core to the others (were a sleep held it,
     # each actor would wait (N - 1) x 2.05 ms per step)
@@ -66,19 +66,19 @@ def test_actors_queued_on_one_core_wait_for_it_in_turn(actors):
 
 
 @pytest.mark.parametrize("runner", ["process", "ray"])
-def test_a_core_for_everyone_skips_the_pool_and_changes_nothing(runner):
-    # with a core for the learner and each actor nothing queues: the model skips the shared pool (scale.py's
-    # clusters), and its predictions are the pool's to the last digit
+def test_a_core_for_everyone_skips_the_cores_queues_and_changes_nothing(runner):
+    # with a core for the learner and each actor nothing queues: the model skips the cores' queues (scale.py's
+    # clusters), and its predictions are theirs to the last digit
     c = cfg("actors=6", "total_env_steps=60000", f"runner={runner}")
     costs = Costs(update_s=0.004, fragment_s=1e-4, infer_s=1e-4, step_cpu_s=3e-5, send_s=1e-5, fetch_s=2e-4,
                   call_s=2e-3 if runner == "ray" else 0.0, cores=7)
     lat = Latency("fixed", per_actor_ms=[1.0, 2.0])
     zero = Costs(**{**FREE, "update_s": 2e-3, "cores": 7})  # (work of no length: no event either way)
     for costs, lat in ((costs, lat), (zero, Latency("fixed", per_actor_ms=[0.0]))):
-        fast, pooled = simulate(c, costs, lat), simulate(c, costs, lat, pool=True)
+        fast, queued = simulate(c, costs, lat), simulate(c, costs, lat, contend=True)
         for k in ("sps", "sps_steady", "lag_mean", "lag_p95", "learner_utilization", "actor_throttle_frac", "wall_s"):
-            assert fast[k] == pooled[k], k
-        assert fast["actor_cpu_wait_frac"] == 0.0 == pooled["actor_cpu_wait_frac"]
+            assert fast[k] == queued[k], k
+        assert fast["actor_cpu_wait_frac"] == 0.0 == queued["actor_cpu_wait_frac"]
 
 
 def test_a_preempted_actor_waits_while_the_learner_computes():
@@ -554,12 +554,35 @@ def test_a_task_waking_to_a_busy_core_queues_there_while_another_idles_until_the
 
 
 def test_the_learner_preempts_the_actor_on_its_own_core_not_the_other():
-    # X on core 0 and Y on core 1 each compute 10 ms; the learner (priority 0, core 0) computes 2 ms from 1 ms: X
-    # waits those 2 ms and ends at 12, first in its core's queue; Y is not touched
-    log, _ = _cores_run([("X", 0.0, [0.010], 0, 1), ("Y", 0.0, [0.010], 1, 1), ("learner", 0.001, [0.002], 0, 0)])
+    # X on core 0 and Y on core 1 each compute 10 ms; Z wakes for core 0 at 0.5 ms and queues (no core idle); the
+    # learner (priority 0, core 0) computes 2 ms from 1 ms: X waits those 2 ms first in its core's queue, ahead of
+    # Z, and ends at 12; Z runs after it; Y is not touched
+    log, _ = _cores_run([("X", 0.0, [0.010], 0, 1), ("Y", 0.0, [0.010], 1, 1), ("Z", 0.0005, [0.001], 0, 1),
+                         ("learner", 0.001, [0.002], 0, 0)])
     assert log["learner"] == pytest.approx((0.003, 0.0))
     assert log["X"] == pytest.approx((0.012, 0.002))
     assert log["Y"] == pytest.approx((0.010, 0.0))
+    assert log["Z"] == pytest.approx((0.013, 0.0115))
+
+
+@pytest.mark.parametrize("learner_first", [True, False])
+def test_a_core_the_learner_takes_the_instant_an_actors_work_ends_stays_the_learners(learner_first):
+    # X's 2 ms on core 0 end at the instant the learner wakes for core 0 (whichever event the simulator takes
+    # first): X is done, the learner runs 2-3 ms, and Z, queued on core 0 since 1 ms (core 1 busy), only after it.
+    # (The model once freed the core under the learner there and ran Z beside it.)
+    tasks = [("X", 0.0, [0.002], 0, 1), ("W", 0.0, [0.010], 1, 1), ("Z", 0.001, [0.001], 0, 1)]
+    learner = ("learner", 0.002, [0.001], 0, 0)
+    log, _ = _cores_run([learner, *tasks] if learner_first else [*tasks, learner])
+    assert log["X"][0] == pytest.approx(0.002) and log["learner"] == pytest.approx((0.003, 0.0))
+    assert log["Z"] == pytest.approx((0.004, 0.002))
+
+
+def test_an_idle_core_pulls_the_last_queued_task_at_each_tick():
+    # A computes 20 ms on core 1; B (1 ms) and C (2 ms) wake for core 1 and queue; core 0 idles and takes the last
+    # queued, C, at the 4 ms tick, then B at the 8 ms tick
+    log, cores = _cores_run([("A", 0.0, [0.020], 1, 1), ("B", 0.001, [0.001], 1, 1), ("C", 0.002, [0.001], 1, 1)])
+    assert log["C"] == pytest.approx((0.005, 0.002)) and log["B"] == pytest.approx((0.009, 0.007))
+    assert cores.home == {"A": 1, "B": 0, "C": 0}
 
 
 def test_crowded_tasks_spread_over_the_cores_by_the_ticks_pull_and_the_periodic_balance():
@@ -583,6 +606,18 @@ def test_crowded_tasks_spread_over_the_cores_by_the_ticks_pull_and_the_periodic_
     assert cores.home == {"a": 0, "b": 1, "c": 1}  # gap 24 ms: a (10) leaves 4 ms of it, b (4) 16
     cores._balance()  # gap 4 ms: b (4) would turn it around, a and c are larger
     assert cores.home == {"a": 0, "b": 1, "c": 1}
+    # a task waiting in the busy core's queue moves with its home, and the idle core runs it
+    env = simpy.Environment()
+    cores = _Cores(env, 2, 0.0, np.random.default_rng(0))
+    cores.home = {"a": 1, "b": 1, "c": 1}
+    cores.recent = {"a": [0.010, 0.0], "b": [0.004, 0.0], "c": [0.010, 0.0]}
+    cores.cur[1] = [1, object(), "c"]  # (c runs on core 1: not a candidate)
+    ev, proc = env.event(), object()
+    cores.q[1].append([1, 1, ev, proc, "a"])
+    cores._balance()
+    assert cores.home["a"] == 0 and not cores.q[1] and ev.triggered and ev.value == 0 and cores.cur[0][1] is proc
+    # a task's recent CPU halves every 32 ms (PELT's half-life)
+    assert cores._used("a", 0.0) == pytest.approx(0.010) and cores._used("a", 0.032) == pytest.approx(0.005)
 
 
 def test_per_core_queues_leave_a_core_idle_while_actors_wait_where_the_pool_does_not():
@@ -640,5 +675,50 @@ def test_sched_trace_reads_placements_pulls_and_idle_from_a_perf_trace():
     # of its own waiting: its wake-up, not another core's work)
     assert out["idle_frac"] == pytest.approx(0.005 / 0.020)
     assert out["idle_while_queued_frac"] == pytest.approx(0.002 / 0.020)
+    # a pull later is not the wake-up's move, and an idle core is not counted idle while the other core's only
+    # waiting task is that core's own wake-up: task 21 wakes for busy core 0 at 2.001 and core 1 pulls it at 2.004
+    # (3 ms idle while it waited behind task 20); task 22 wakes on idle core 0 at 2.007 and runs at 2.008
+    out = analyse([
+        "[000] 2.000000: " + sw.format(0, "R", 20),
+        "[001] 2.000000: " + sw.format(9, "S", 0),
+        "[000] 2.001000: sched_waking: comm=x pid=21 prio=139 target_cpu=000",
+        "[001] 2.004000: sched_migrate_task: comm=x pid=21 prio=139 orig_cpu=0 dest_cpu=1",
+        "[001] 2.004000: " + sw.format(0, "R", 21),
+        "[001] 2.005000: " + sw.format(21, "S", 0),
+        "[000] 2.006000: " + sw.format(20, "S", 0),
+        "[000] 2.007000: sched_waking: comm=x pid=22 prio=139 target_cpu=000",
+        "[000] 2.008000: " + sw.format(0, "R", 22),
+        "[000] 2.010000: " + sw.format(22, "S", 0),
+    ])
+    assert out["woke_to_busy_core_with_another_idle"] == 1
+    assert out["wake_move_p"] == 0.0 and out["moved_later_frac"] == 1.0
+    assert out["idle_frac"] == pytest.approx(0.011 / 0.020)
+    assert out["idle_while_queued_frac"] == pytest.approx(0.003 / 0.020)
     with pytest.raises(ValueError, match="no scheduler events"):
         analyse(["perf noise"])
+
+
+def test_three_cores_run_cpu_bound_actors_as_the_pool_does_and_draws_says_when_the_seed_matters():
+    # six CPU-bound actors on three cores keep every core busy under either scheduler
+    from laglab.sim import draws
+
+    c = cfg("actors=6", "actor.max_lead_steps=null", "total_env_steps=60000")
+    costs, lat = Costs(**{**FREE, "step_cpu_s": 100e-6, "cores": 3}), Latency("fixed", per_actor_ms=[0.0])
+    per_core = simulate(c, costs, lat)
+    assert per_core["sps_steady"] == pytest.approx(simulate(c, costs, lat, sched="pool")["sps_steady"], rel=0.03)
+    assert per_core["sps_steady"] == pytest.approx(3 / 100e-6, rel=0.05)
+    assert draws(c, costs) and not draws(c, costs, sched="pool")  # (shared cores, 0 < wake_move_p < 1)
+    assert not draws(c, Costs(**{**FREE, "cores": 7}))  # (a core each: nothing queues)
+    assert not draws(c, Costs(**{**FREE, "cores": 3, "wake_move_p": 0.0}))
+    assert draws(c, Costs(**{**FREE, "cores": 7}), Latency("lognormal", median_ms=1.0, sigma=0.5))
+    assert draws(cfg("actors=6", "runner=ray"), Costs(**{**FREE, "cores": 7, "call_s": 1e-3}))
+
+
+def test_the_command_line_takes_the_scheduler(capsys):
+    args = ["env=latency", "actors=48", "total_env_steps=100000", "--cost", "step_cpu_s=8e-5", "--json"]
+    assert main(args) == 0
+    cores = json.loads(capsys.readouterr().out)
+    assert main(args + ["--sched", "pool"]) == 0
+    pool = json.loads(capsys.readouterr().out)
+    assert 0 < cores["idle_while_queued_frac"] and pool["idle_while_queued_frac"] == 0.0
+    assert cores["sps_steady"] != pool["sps_steady"] and math.isnan(pool["wake_moved_frac"] or math.nan)

@@ -48,9 +48,9 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   share of time runnable without a core). Waiting on an env (a sleep) holds no core. Each core keeps its own run
   queue, as Linux does (``_Cores``, from ``perf sched`` traces of real runs: ``benchmarks/sched_trace.py``): a
   waking task queues on the core it last ran on even when another is idle (it moves with ``Costs.wake_move_p``,
-  0.06-0.23 in seven traces here), and a core whose queue empties idles while tasks wait on the other until a tick
-  pulls one, so a machine stands partly idle with tasks runnable (``idle_while_queued_frac``: 6-17% of the cores'
-  time at 16-64 process actors in the traces, 4-9% in the model) and crowded actors wait longer than in one shared
+  0.07-0.21 in six traces here), and a core whose queue empties idles while tasks wait on the other until a tick
+  pulls one, so a machine stands partly idle with tasks runnable (``idle_while_queued_frac``: 5-9% of the cores'
+  time at 16-64 process actors in the traces, 4-7% in the model) and crowded actors wait longer than in one shared
   pool (``--sched pool``, the model until 2026-12-06, which over-predicted SPS by 6-17% at 56-64 process actors).
   Actors crowded on cores cost each other: their CPU per env step is ``step_cpu_s + crowding_s x actors / cores``
   (a line fitted over calibration runs at two counts; measured growth, not a model of caches or the scheduler).
@@ -99,8 +99,8 @@ class Costs:
                              # answer, Ray's raylet and GCS): held on a core, beside the actor's wait
     wake_move_p: float = 0.16  # the cores: the chance that a task waking to find its core busy and another idle
                                # moves to the idle one (else it queues on its own): a fact of the kernel, measured
-                               # with benchmarks/sched_trace.py (this VM: 0.06-0.23 in seven traces at 16-64
-                               # actors; 0.16 the first three pooled)
+                               # with benchmarks/sched_trace.py: an effective parameter (this VM: 0.07-0.21 in six
+                               # traces at 16-64 actors; 0.16 from the first three, as the tool then counted)
     startup_s: float = 0.0  # from the run's start to the actors' first env step (counted in sps, as a run does)
     cores: float = 2.0  # CPUs shared by the learner and the actors
 
@@ -245,9 +245,9 @@ class _Cores:
     (kernel 6.18, HZ=250; ``benchmarks/sched_trace.py``, 16-64 actors of env=latency on two cores): a task that
     wakes goes to the core it last ran on (its home: actor i starts on core i + 1 mod cores, the learner on core 0)
     if that core is idle; if it is busy and another core idle, the task moves there only with probability
-    ``Costs.wake_move_p`` (measured 0.06-0.23: mostly it queues on its busy home while the other core idles). A
+    ``Costs.wake_move_p`` (traced 0.07-0.21: mostly it queues on its busy home while the other core idles). A
     core whose queue empties goes idle and does not take work queued elsewhere (at 64 actors a core that went idle
-    while the other had tasks queued took one of them in 20 of 2276 cases) except at the scheduler tick (4 ms),
+    while the other had tasks queued took one of them next in 0.4-1.1% of cases) except at the scheduler tick (4 ms),
     when an idle core takes one task waiting on another. Every 32 ms (a busy core's periodic balance: 2 ms x
     busy_factor 16) one task moves its home from the core whose tasks used the most CPU lately (a 32 ms half-life,
     as PELT) to the one whose used the least, where that narrows the gap. The learner (priority 0) preempts an
@@ -313,7 +313,10 @@ class _Cores:
         if self.cur[c] is None:
             self._grant(c)
 
-    def release(self, c: int) -> None:
+    def release(self, c: int, proc) -> None:
+        if self.cur[c] is None or self.cur[c][1] is not proc:  # (an invariant: a task frees only its own core)
+            raise SimError(f"the model's cores went wrong at t={self.env.now:.6f}s: core {c} freed by a task not "
+                           "running on it (a bug in laglab.sim)")
         self._track()
         self.cur[c] = None
         if self.q[c]:
@@ -367,7 +370,7 @@ class _Cores:
 
         proc = self.env.active_process
         left, c, front = seconds, None, False
-        while left > 1e-12:
+        while True:
             t0 = self.env.now
             if c is None:  # (a preempted task stays on its core's queue)
                 c = self.place(task, first)
@@ -375,7 +378,8 @@ class _Cores:
             self.wait(c, priority, ev, proc, task, front)
             try:
                 c = yield ev
-            except simpy.Interrupt:  # preempted after the core was granted, before this process resumed on it
+            except simpy.Interrupt:  # preempted after the core was granted (maybe another: a pull), before this
+                c = ev.value  # process resumed on it: it waits first in that core's queue
                 if waited is not None:
                     waited[0] += self.env.now - t0
                 front = True
@@ -385,14 +389,16 @@ class _Cores:
             start = self.env.now
             try:
                 yield self.env.timeout(left)
-                left = 0.0
             except simpy.Interrupt:  # the learner took the core
                 left -= self.env.now - start
                 front = True
-                continue
+                if left > 1e-12:
+                    continue
+                break  # (taken the instant the work ended: the core is the learner's, nothing to release)
+            self.release(c, proc)
+            break
         self.home[task] = c
         self._used(task, self.env.now, seconds)
-        self.release(c)
 
 
 def _cpu(env, cpu, seconds: float, priority: int, waited: Optional[List[float]] = None, who=None):
@@ -472,13 +478,13 @@ def draws(cfg: Config, costs: Costs, latency: Optional[Latency] = None, sched: s
 
 
 def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Latency] = None, seed: int = 0,
-             frag_bytes: Optional[int] = None, pool: Optional[bool] = None, sched: str = "cores") -> Dict[str, object]:
+             frag_bytes: Optional[int] = None, contend: bool = False, sched: str = "cores") -> Dict[str, object]:
     """Run the model to the end of ``cfg.total_env_steps``; returns its predictions (see :data:`OUTPUTS`). With a
     core for the learner and one for each actor (and no per-call CPU on Ray, which runs beside its actor) nothing
-    ever queues for one, and the model skips the shared pool (a cluster of 4096 actors: minutes, not an hour);
-    ``pool=True`` keeps it anyway (the tests check the two agree). ``sched``: ``cores`` (a run queue per core, as
-    Linux keeps them: :class:`_Cores`) or ``pool`` (the cores as one pool any task takes the first free core of:
-    the model until 2026-12-06)."""
+    ever queues for one, and the model skips the cores' queues altogether (a cluster of 4096 actors: minutes, not
+    an hour); ``contend=True`` keeps them anyway (the tests check the two agree). ``sched``: ``cores`` (a run
+    queue per core, as Linux keeps them: :class:`_Cores`) or ``pool`` (the cores as one pool any task takes the
+    first free core of: the model until 2026-12-06)."""
     import simpy
 
     if sched not in SCHEDULERS:
@@ -492,9 +498,9 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     call_rng = np.random.default_rng([seed, 1])  # (Ray's round trips: their own stream, apart from the latencies')
     env = simpy.Environment()
     N, E, T = cfg.actors, cfg.actor.envs_per_actor, cfg.actor.rollout_len
-    # (Ray's per-call CPU runs beside its actor, how many at once depends on the timing: it keeps the pool)
+    # (Ray's per-call CPU runs beside its actor, how many at once depends on the timing: it keeps the queues)
     own_cores = costs.cores >= N + 1 and not (cfg.runner.name.value == "ray" and costs.call_cpu_s > 0)
-    if own_cores and not pool:
+    if own_cores and not contend:
         cpu = None
     elif sched == "cores":
         cpu = _Cores(env, int(costs.cores), costs.wake_move_p, np.random.default_rng([seed, 2]))
