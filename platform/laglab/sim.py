@@ -246,7 +246,7 @@ class _Cores:
     wakes goes to the core it last ran on (its home: actor i starts on core i + 1 mod cores, the learner on core 0)
     if that core is idle; if it is busy and another core idle, the task moves there only with probability
     ``Costs.wake_move_p`` (traced 0.07-0.21: mostly it queues on its busy home while the other core idles). A
-    core whose queue empties goes idle and does not take work queued elsewhere (at 64 actors a core that went idle
+    core whose queue empties goes idle and does not take work queued elsewhere (in the traces a core that went idle
     while the other had tasks queued took one of them next in 0.4-1.1% of cases) except at the scheduler tick (4 ms),
     when an idle core takes one task waiting on another. Every 32 ms (a busy core's periodic balance: 2 ms x
     busy_factor 16) one task moves its home from the core whose tasks used the most CPU lately (a 32 ms half-life,
