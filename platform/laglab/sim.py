@@ -330,14 +330,15 @@ class _Cores:
 
     def _balance(self) -> None:
         now = self.env.now
+        used = {task: self._used(task, now) for task in self.home}
         load = [0.0] * self.n
         for task, c in self.home.items():
-            load[c] += self._used(task, now)
+            load[c] += used[task]
         hi = max(range(self.n), key=load.__getitem__)
         lo = min(range(self.n), key=load.__getitem__)
         gap, best = load[hi] - load[lo], None
         for task, c in self.home.items():  # the task that best halves the gap (not the one running)
-            u = self._used(task, now)
+            u = used[task]
             if c == hi and 0 < u < gap and not any(r is not None and r[2] == task for r in self.cur):
                 if best is None or abs(gap - 2 * u) < abs(gap - 2 * best[1]):
                     best = (task, u)
@@ -473,8 +474,13 @@ def draws(cfg: Config, costs: Costs, latency: Optional[Latency] = None, sched: s
         return True
     if cfg.runner.name.value == "ray" and costs.call_s > 0:
         return True
-    shared = costs.cores < cfg.actors + 1 or (cfg.runner.name.value == "ray" and costs.call_cpu_s > 0)
-    return sched == "cores" and shared and 0 < costs.wake_move_p < 1
+    return sched == "cores" and not own_cores(cfg, costs) and 0 < costs.wake_move_p < 1
+
+
+def own_cores(cfg: Config, costs: Costs) -> bool:
+    """A core for the learner and one for each actor, and no Ray per-call CPU beside them (how many of those run at
+    once depends on the timing): nothing ever queues for a core."""
+    return costs.cores >= cfg.actors + 1 and not (cfg.runner.name.value == "ray" and costs.call_cpu_s > 0)
 
 
 def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Latency] = None, seed: int = 0,
@@ -498,9 +504,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     call_rng = np.random.default_rng([seed, 1])  # (Ray's round trips: their own stream, apart from the latencies')
     env = simpy.Environment()
     N, E, T = cfg.actors, cfg.actor.envs_per_actor, cfg.actor.rollout_len
-    # (Ray's per-call CPU runs beside its actor, how many at once depends on the timing: it keeps the queues)
-    own_cores = costs.cores >= N + 1 and not (cfg.runner.name.value == "ray" and costs.call_cpu_s > 0)
-    if own_cores and not contend:
+    if own_cores(cfg, costs) and not contend:
         cpu = None
     elif sched == "cores":
         cpu = _Cores(env, int(costs.cores), costs.wake_move_p, np.random.default_rng([seed, 2]))
