@@ -14,8 +14,8 @@ model's draws). ``costs.json``: the costs each prediction was made from
 held out, an earlier model), commit, command and what it is. ``sim_validate.py --reanalyze DIR --add-to
 reports/sim_validation --set NAME`` adds a validation's runs.
 
-The table per cell: predicted and measured medians over the cell's runs, the error of the medians, and the range of
-the per-run errors (the machine moves between runs: a cell's runs differ by more than its median error at many
+The table per cell: predicted and measured medians over the cell's runs, the median and the range of the per-run
+errors (the machine moves between runs: a cell's runs differ by more than its median error at many
 actors). The goal (issue 20): SPS and mean lag within 10%, p95 within one version.
 """
 from __future__ import annotations
@@ -101,8 +101,8 @@ def _median(g: pd.DataFrame, col: str) -> float:
 
 
 def cell_table(runs: pd.DataFrame, pred: str = "pred") -> pd.DataFrame:
-    """One row per (set, runner, latency, actors), in the order the runs were added: medians, the error of the
-    medians and the per-run errors' range (``pred``: ``pred`` as predicted before the runs, ``re`` a re-prediction)."""
+    """One row per (set, runner, latency, actors), in the order the runs were added: medians, the median and the
+    range of the per-run errors (``pred``: ``pred`` as predicted before the runs, ``re`` a re-prediction)."""
     runs = runs.dropna(subset=[f"{pred}_sps"])
     rows = []
     for key, g in runs.groupby(KEY, sort=False):
@@ -113,9 +113,9 @@ def cell_table(runs: pd.DataFrame, pred: str = "pred") -> pd.DataFrame:
                                                     f"{pred}_lag_p95", "real_lag_p95")}
         rows.append({**dict(zip(KEY, key)), "runs": len(g),
                      "sps pred": med[f"{pred}_sps"], "sps real": med["real_sps"],
-                     "sps err": med[f"{pred}_sps"] / med["real_sps"] - 1, "sps err per run": _range(sps_err),
+                     "sps err": float(np.median(sps_err)), "sps err per run": _range(sps_err),
                      "lag pred": med[f"{pred}_lag_mean"], "lag real": med["real_lag_mean"],
-                     "lag err": med[f"{pred}_lag_mean"] / max(med["real_lag_mean"], 1e-9) - 1,
+                     "lag err": float(np.median(lag_err)),
                      "lag err per run": _range(lag_err), "p95 diff per run": _range(p95, pct=False),
                      "cpu wait pred": _median(g, f"{pred}_cpu_wait"), "cpu wait real": _median(g, "real_cpu_wait"),
                      "cpu us/step": float(np.median(g["real_cpu_us"])),
@@ -125,6 +125,9 @@ def cell_table(runs: pd.DataFrame, pred: str = "pred") -> pd.DataFrame:
                      if g["own_sps"].notna().any() else float("nan"),
                      "goal": bool((sps_err.abs() <= GOAL_SPS).all() and (lag_err.abs() <= GOAL_LAG).all()
                                   and (p95.abs() <= GOAL_P95).all()),
+                     # the same goal on the median of the runs' own errors (each run has its own prediction)
+                     "goal, median": bool(abs(np.median(sps_err)) <= GOAL_SPS and abs(np.median(lag_err)) <= GOAL_LAG
+                                          and abs(np.median(p95)) <= GOAL_P95),
                      "_sps_worst": float(sps_err.abs().max()), "_lag_worst": float(lag_err.abs().max()),
                      "_p95_worst": float(p95.abs().max())})
     return pd.DataFrame(rows)
@@ -149,8 +152,8 @@ def _md(df: pd.DataFrame) -> str:
 
 
 SHOWN = ["runner", "latency", "actors", "runs", "sps pred", "sps real", "sps err", "sps err per run", "lag pred",
-         "lag real", "lag err per run", "p95 diff per run", "cpu wait pred", "cpu wait real", "cpu us/step",
-         "cal cpu us/step", "goal"]
+         "lag real", "lag err", "lag err per run", "p95 diff per run", "cpu wait pred", "cpu wait real", "cpu us/step",
+         "cal cpu us/step", "goal", "goal, median"]
 
 
 def worst(t: pd.DataFrame) -> str:
@@ -158,7 +161,7 @@ def worst(t: pd.DataFrame) -> str:
         return "no runs"
     return (f"worst per-run |SPS error| {t['_sps_worst'].max():.1%}, |mean-lag error| {t['_lag_worst'].max():.1%}, "
             f"|p95 difference| {t['_p95_worst'].max():g} versions; goal met in {int(t['goal'].sum())} of {len(t)} "
-            "cells")
+            f"cells by every run, in {int(t['goal, median'].sum())} by the median of each cell's per-run errors")
 
 
 def build(d: str | Path) -> str:
@@ -167,13 +170,19 @@ def build(d: str | Path) -> str:
     out = ["# The simulator against real runs (laglab.sim, issue 20)", "",
            "Rebuilt by `python -m analysis.report reports/sim_validation` from `validation_runs.parquet`, `sets.json` and "
            "`costs.json` (nothing re-run). Each prediction was written to disk before the run it predicts started "
-           "(`benchmarks/sim_validate.py`). Columns: medians over the cell's runs; `sps err` the error of the "
-           "medians; `per run` the range of the runs' own errors; `cpu us/step` the cell's actors' CPU per env "
+           "(`benchmarks/sim_validate.py`). Columns: `sps pred`, `sps real`, `lag pred`, `lag real`: medians over the "
+           "cell's runs; `sps err`, `lag err`: the median of the runs' own errors (each run has its own prediction); "
+           "`per run` the range of those errors; `cpu us/step` the cell's actors' CPU per env "
            "step, `cal cpu us/step` its calibration runs'; `cpu wait` the actors' share of time runnable without a "
            "core, predicted (the model's whole run) and measured (the kernel's run delay over the middle half of the "
            "updates; on Ray the workers' main thread only, which reads low). Goal: SPS and mean lag within 10%, p95 "
-           "within one version, in every run of the cell. Most cells ran once: at 64 process actors three runs of "
-           "one cell spread 5% in SPS, so a single run's error within ~5 points of the goal's edge decides little. "
+           "within one version: `goal` in every run of the cell, `goal, median` on the median of its runs' errors "
+           "(the same where a cell ran once; with every run within, the median adds nothing). SPS is the steady "
+           "rate (transitions trained per second over the middle half of the updates, the same rule on both "
+           "sides): neither the start-up nor the last actors' finish is in it, and the whole run's `sps` is not "
+           "validated here. Few runs per cell (1-3): at 64 process actors the runs of one cell spread up to 9 points "
+           "in SPS, so an error within a few points of the goal's edge decides little, and no failure in n runs "
+           "bounds a miss rate only loosely (3/n at 95%). "
            "A `Re-predicted` table is a later model on the same calibrations: where the set was looked at while that "
            "model was made, it is development, not validation (the set's text says which). This VM's speed drifts "
            "(the actors' CPU per env step moved 1.6x within minutes on 2026-12-05: 60-73 us, then 99-123): the cell "
@@ -200,7 +209,7 @@ def build(d: str | Path) -> str:
                                                        "one run: nothing drawn") + "):", "",
                     _md(r[[c for c in ["runner", "latency", "actors", "runs", "sps pred", "sps real",
                                        "sps err per run", "lag err per run", "p95 diff per run", "cpu wait pred",
-                                       "cpu wait real", "goal"] if not (r[c].dtype.kind == "f" and r[c].isna().all())]]),
+                                       "cpu wait real", "goal", "goal, median"] if not (r[c].dtype.kind == "f" and r[c].isna().all())]]),
                     "", worst(r) + ".", ""]
     return "\n".join(out).rstrip() + "\n"
 

@@ -30,15 +30,24 @@ def test_cell_table_medians_ranges_and_goal():
     t = sv.cell_table(runs).set_index("actors")
     assert t.loc[8, "runs"] == 3
     assert t.loc[8, "sps pred"] == 105 and t.loc[8, "sps real"] == 100   # medians
-    assert t.loc[8, "sps err"] == pytest.approx(0.05)                      # error of the medians
+    assert t.loc[8, "sps err"] == pytest.approx(0.05)                      # the median run's error
     assert t.loc[8, "sps err per run"] == "-12.5% .. +5.0%"                # the runs' own errors, 105/120 - 1
     assert not t.loc[8, "goal"]                                            # one run's error > 10% fails the cell
+    assert t.loc[8, "goal, median"]                                        # ... but not its median run (+5%)
+    assert t.loc[8, "lag err"] == pytest.approx(0.0)
     assert t.loc[8, "_sps_worst"] == pytest.approx(0.125)
     assert t.loc[16, "lag err per run"] == "+20.0%" and not t.loc[16, "goal"]
     assert t.loc[32, "p95 diff per run"] == "+2" and not t.loc[32, "goal"]
     ok = sv.cell_table(pd.DataFrame([_run(4, 0, 104, 100, lag_pred=0.95, p95_pred=3)])).iloc[0]
     assert ok["goal"]  # 4% SPS, -5% lag, one version: within the goal
-    assert "goal met in 0 of 3 cells" in sv.worst(t.reset_index())
+    assert not t.loc[16, "goal, median"] and not t.loc[32, "goal, median"]  # one run: the median is the run
+    assert "goal met in 0 of 3 cells by every run, in 1 by the median" in sv.worst(t.reset_index())
+    two = sv.cell_table(pd.DataFrame([_run(8, 0, 100, 100, lag_pred=1.0, lag_real=1.0, p95_pred=2, p95_real=2),
+                                      _run(8, 1, 100, 100, lag_pred=1.0, lag_real=0.8, p95_pred=2, p95_real=2),
+                                      _run(8, 2, 100, 100, lag_pred=1.0, lag_real=0.8, p95_pred=2, p95_real=2)])).iloc[0]
+    assert two["lag err"] == pytest.approx(0.25) and not two["goal, median"]  # the median run's lag 25% off
+    paired = sv.cell_table(pd.DataFrame([_run(8, 0, 110, 100), _run(8, 1, 90, 100), _run(8, 2, 300, 300)])).iloc[0]
+    assert paired["sps err"] == pytest.approx(0.0)  # per-run errors +10%, -10%, 0: paired, not median(pred)/median(real)
 
 
 def test_re_prediction_columns_are_their_own_table():
