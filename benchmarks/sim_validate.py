@@ -29,6 +29,9 @@ takes as ``crowding_s``. (At 2 actors this VM charges more CPU per step than at 
 2 and 8, the calibration until 2026-12-06, showed a growth one day and none the next. The counts were chosen that
 day while looking at the Ray cells 4-32: those cells are a development set; README.md says what was held out.)
 
+``--cross DIR`` predicts each cell of a cell-protocol --out DIR from every calibration made in it (one seed
+each): the spread a user who calibrated once, at another minute, would see.
+
 ``--calibrate-every cell`` takes the drift out of the validation itself, still a priori: right before each cell
 run, the calibration runs again and the model predicts that run from them (written to ``predictions.json`` before
 the run starts); the table then prints the calibration's CPU per env step beside the cell's. ``repeat`` calibrates
@@ -285,6 +288,40 @@ def repredict(report_dir: Path, write: bool = False) -> int:
     return 0
 
 
+def cross(out: Path, cells, runner: str) -> int:
+    """Each cell of one --out DIR predicted from every calibration in it (each cell run's ``costs_r*.json``), one
+    seed each, against the median of the cell's measured runs: how much the prediction depends on which minute's
+    calibration it had (a user calibrates once; this VM's speed drifts): the spread of the SPS and mean-lag errors
+    and the share of calibrations within the goal (10%)."""
+    costs = sorted(out.glob("*/costs_r*.json")) + sorted(out.glob("costs*.json"))
+    if not costs:
+        raise SystemExit(f"{out}: no costs_r*.json or costs*.json (an --out DIR of this benchmark)")
+    print(f"{len(costs)} calibrations in {out}; each cell predicted from each (one seed), against its runs' median")
+    rows = []
+    for lat, n in cells:
+        runs = sorted(d for d in (out / cell_dir(lat, n)).glob("r*") if (d / "summary.json").exists())
+        if not runs:
+            continue
+        got = [measure(d) for d in runs]
+        sps = float(np.median([g["sps_steady"] for g in got]))
+        lag = float(np.median([g["lag_mean"] for g in got]))
+        preds = [predict(overrides(n, lat, runner), c, seeds=1) for c in costs]
+        e_sps = np.array([p["sps_steady"] / sps - 1 for p in preds])
+        e_lag = np.array([p["lag_mean"] / max(lag, 1e-9) - 1 for p in preds])
+        rows.append({"latency": lat, "actors": n, "runs": len(runs), "sps real": sps,
+                     "sps err min": e_sps.min(), "sps err median": float(np.median(e_sps)), "sps err max": e_sps.max(),
+                     "sps within 10%": float(np.mean(np.abs(e_sps) <= 0.10)),
+                     "lag err min": e_lag.min(), "lag err max": e_lag.max(),
+                     "lag within 10%": float(np.mean(np.abs(e_lag) <= 0.10))})
+        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()}), flush=True)
+    t = pd.DataFrame(rows)
+    pct = {c: (lambda x: f"{x:+.1%}") for c in t.columns if "err" in c}
+    pct.update({c: (lambda x: f"{x:.0%}") for c in t.columns if "within" in c})
+    print()
+    print(t.to_string(index=False, formatters=pct, float_format=lambda x: f"{x:.4g}"))
+    return 0
+
+
 def this_command() -> str:
     """The command line, less the options that say where its runs go in a report."""
     argv, skip = [], False
@@ -332,6 +369,9 @@ def main() -> int:
                     "where the report has them) and print the table beside the report's")
     ap.add_argument("--write", action="store_true", help="with --repredict: store the re-prediction as the report's "
                                                          "re_* columns (rebuild it with python -m analysis.report)")
+    ap.add_argument("--cross", metavar="DIR", help="no runs: predict each cell of an --out DIR (of --actors and "
+                    "--latencies) from every calibration in it, one seed each, against the median of its runs: how "
+                    "much a prediction depends on the minute of its calibration")
     ap.add_argument("--ran", action="append", default=None,
                     help="with --add-to and --reanalyze: the command(s) the runs came from (default: this one)")
     a = ap.parse_args()
@@ -345,6 +385,8 @@ def main() -> int:
         ap.error("--write goes with --repredict")
     if a.repredict:
         return repredict(Path(a.repredict), a.write)
+    if a.cross:
+        return cross(Path(a.cross), cells, a.runner)
     if a.reanalyze:
         records, costs, offsets = [], {}, {}
         for out in map(Path, a.reanalyze):
