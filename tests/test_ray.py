@@ -71,6 +71,8 @@ def test_actors_spread_over_the_nodes_and_a_lost_node_costs_nothing_but_its_acto
     assert t["misattributed"] == 0 and balanced(t)
     assert s["env_id"] == TAGGED_ID
     assert s["cpu"]["actor_nice"] == 15, s["cpu"]  # (what the workers said in ready(): Ray's worker_niceness)
+    su = s["startup"]  # the workers' first env step is on the learner's timeline (laglab.sim --calibrate's startup_s)
+    assert su["learner"] < su["first_env_step"] < su["first_fragment"], su
 
 
 def test_a_ray_kill_is_booked_and_the_slot_restarts(cluster, tmp_path, monkeypatch):

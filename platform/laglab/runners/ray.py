@@ -332,6 +332,8 @@ class _Runner:
                 raise ValueError("discarded steps")
             episodes = [Episode(w.actor_id, int(e), float(r), int(n)) for e, r, n in res["episodes"]]
             stats, chaos = ActorStats(**res["stats"]), _counts(res["chaos"])
+            first = res.get("first_step_wall")
+            first = None if first is None else float(first)
         except (KeyError, TypeError, ValueError):
             self.malformed += 1
             return False
@@ -351,6 +353,8 @@ class _Runner:
             self.bytes_in += f.nbytes
             arrive_at_queue(led, self.queue, f, lambda: w.abandoned, lambda f=f: _drop(w.link, f), lambda _: None,
                             self.poll)
+        if first is not None:  # (start-up: the first env step of any worker, on the learner's clock)
+            timeline.mark_min("first_env_step", time.monotonic() - (time.time() - first))
         w.chaos = chaos
         w.killed = bool(res.get("killed"))
         if self.slots[w.actor_id].worker is w:

@@ -163,7 +163,8 @@ class RolloutWorker:
                     "sent": np.zeros((0, 2), np.int64), "fragments": [],
                     "held": held_ids(self.ch.contents()),
                     "episodes": [(e.env_index, e.ret, e.length) for e in ro.episodes],
-                    "stats": self._stats(), "chaos": self.chaos_counts(), "killed": False}
+                    "stats": self._stats(), "chaos": self.chaos_counts(), "killed": False,
+                    "first_step_wall": self._first_step_wall()}
         self.in_hand += ro.steps
         ch = self.ch
         self._hang_if_scripted()
@@ -194,12 +195,19 @@ class RolloutWorker:
             "held": held_ids(ch.contents()),
             "episodes": [(e.env_index, e.ret, e.length) for e in ro.episodes],
             "stats": self._stats(), "chaos": self.chaos_counts(), "killed": killed,
+            "first_step_wall": self._first_step_wall(),
         }
 
     def _stats(self) -> Dict[str, Any]:
         self.actor.stats.cpu_s = time.process_time() - self.cpu0  # the whole worker process, as the process runner
         self.actor.stats.cpu_wait_s = run_delay_s() - self.wait0
         return asdict(self.actor.stats)
+
+    def _first_step_wall(self) -> Optional[float]:
+        """This worker's first env step on the wall clock (the learner's start-up timeline: a worker's monotonic
+        clock is its host's, and on a cluster that is not the learner's)."""
+        t = self.actor.first_step_t
+        return None if t is None else time.time() - (time.monotonic() - t)
 
     def _hang_if_scripted(self) -> None:
         """After the rollout that reported its scripted hang, this actor answers no call: the learner's supervisor
