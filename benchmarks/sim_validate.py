@@ -292,16 +292,20 @@ def cross(out: Path, cells, runner: str) -> int:
     """Each cell of one --out DIR predicted from every calibration in it (each cell run's ``costs_r*.json``), one
     seed each, against the median of the cell's measured runs: how much the prediction depends on which minute's
     calibration it had (a user calibrates once; this VM's speed drifts): the spread of the SPS and mean-lag errors
-    and the share of calibrations within the goal (10%)."""
+    and the share of calibrations within the goal (10%). Where the model draws (Ray's board round trips, the cores'
+    wake-ups) one seed's spread is in these ranges too."""
     costs = sorted(out.glob("*/costs_r*.json")) + sorted(out.glob("costs*.json"))
     if not costs:
         raise SystemExit(f"{out}: no costs_r*.json or costs*.json (an --out DIR of this benchmark)")
     print(f"{len(costs)} calibrations in {out}; each cell predicted from each (one seed), against its runs' median")
     rows = []
     for lat, n in cells:
-        runs = sorted(d for d in (out / cell_dir(lat, n)).glob("r*") if (d / "summary.json").exists())
+        runs = [d for d in (out / cell_dir(lat, n)).glob("r*") if (d / "summary.json").exists()]
         if not runs:
             continue
+        ran = run_runner(runs[0])
+        if ran != runner:  # (Ray's costs would predict process runs, or the other way round, without a word)
+            raise SystemExit(f"{runs[0]} ran runner={ran}, not --runner {runner}: give --runner {ran}")
         got = [measure(d) for d in runs]
         sps = float(np.median([g["sps_steady"] for g in got]))
         lag = float(np.median([g["lag_mean"] for g in got]))
