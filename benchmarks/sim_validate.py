@@ -99,7 +99,11 @@ def measure(run_dir: Path) -> Dict[str, float]:
     # the middle half of the updates, as the model's sps_steady (laglab.sim.steady_rate): not the actors' start,
     # which grows with N (Ray starts its workers a few at a time), nor their staggered finish
     steady = steady_rate(m["wall_time"], m["transport/admitted"])
+    su = s.get("startup") or {}
+    spread = (float(su["all_actors_stepping"]) - float(su["first_env_step"])
+              if su.get("all_actors_stepping") is not None and su.get("first_env_step") is not None else float("nan"))
     return {"sps": float(s["sps"]), "sps_steady": float(steady), "lag_mean": float(s["lag"]["mean"]),
+            "start_spread_s": spread,
             "lag_p95": float(s["lag"]["p95"]), "wall_s": float(s["wall_time_s"]),
             "cpu_us": 1e6 * sum(x.get("cpu_s", 0.0) for x in a) / steps if steps else float("nan"),
             "cpu_wait_frac": steady_cpu_wait(run_dir, m)}
@@ -236,6 +240,9 @@ def records_of(out: Path, cells, preds, reals, dirs, every: str, counts: List[in
             rec = {"runner": runner, "latency": lat, "actors": n, "repeat": r + offset, **provenance(d),
                    "pred_sps": p["sps_steady"], "pred_lag_mean": p["lag_mean"], "pred_lag_p95": p["lag_p95"],
                    "real_sps": x["sps_steady"], "real_lag_mean": x["lag_mean"], "real_lag_p95": x["lag_p95"],
+                   "pred_sps_run": p.get("sps", float("nan")), "real_sps_run": x["sps"],
+                   "pred_start_spread": p.get("start_spread_s", float("nan")),
+                   "real_start_spread": x.get("start_spread_s", float("nan")),
                    "real_cpu_us": x["cpu_us"], "pred_cpu_wait": p.get("actor_cpu_wait_frac", float("nan")),
                    "real_cpu_wait": x.get("cpu_wait_frac", float("nan")),
                    "cal_cpu_us": float(np.median([measure(c)["cpu_us"] for c in cal])),

@@ -336,3 +336,19 @@ def test_serve_grants_the_starving_actors_credit_once_per_change(clock):
     grants = []
     drv.serve(ScriptedQueue(clock, []), d, lambda: next(polls), grants.append, cfg)
     assert grants == [{1: 2 * T}]  # granted once on the first empty poll; the same credit is not sent again
+
+
+def test_start_up_marks_the_first_and_the_last_actor_slots_first_env_step(monkeypatch):
+    # first_env_step: the earliest slot's; all_actors_stepping: once every slot has stepped, the latest slot's
+    # first step; a slot's later sighting (a restarted life) changes neither, and 0 (not stepped yet) is no step
+    monkeypatch.setattr(timeline, "_marks", {})
+    seen = timeline.FirstSteps(3)
+    seen.saw(0, 5.0)
+    seen.saw(1, 3.0)
+    seen.saw(2, 0.0)
+    assert timeline.get("first_env_step") == 3.0 and timeline.get("all_actors_stepping") is None
+    seen.saw(0, 9.0)  # slot 0 again (a new life): not a start
+    seen.saw(2, 7.0)
+    assert timeline.get("all_actors_stepping") == 7.0 and timeline.get("first_env_step") == 3.0
+    seen.saw(1, 1.0)  # (slot 1 stepped already)
+    assert timeline.get("first_env_step") == 3.0 and timeline.get("all_actors_stepping") == 7.0

@@ -357,12 +357,13 @@ def test_an_actors_cpu_is_its_whole_process_since_its_loop_started(monkeypatch):
     assert w._stats()["cpu_s"] == pytest.approx(4.0) and w._stats()["cpu_wait_s"] == pytest.approx(1.25)
 
 
-def test_every_actor_stat_crosses_the_status_block(tmp_path):
+def test_every_actor_stat_crosses_the_status_block(tmp_path, monkeypatch):
     # an actor process publishes its ActorStats into its status row; the learner reads them back: every field,
     # with its value and type (a field added to ActorStats and not to the status block fails here)
     import dataclasses
     import types
 
+    from laglab import timeline
     from laglab.actor import ActorStats
     from laglab.chaos import ChaosCounts
     from laglab.runners import process, process_actor
@@ -379,9 +380,13 @@ def test_every_actor_stat_crosses_the_status_block(tmp_path):
         loop.publish_stats()
         runner = object.__new__(process._Runner)
         runner.status, runner.slots = block, [types.SimpleNamespace(actor_id=1, stats=None)]
+        monkeypatch.setattr(timeline, "_marks", {})  # (its reading marks the start-up)
+        runner.first_steps = timeline.FirstSteps(2)
         got = runner.actor_stats()[1]
+        assert got.start_cpu_s == loop.cpu0  # (the process's CPU before its loop)
         for f in dataclasses.fields(ActorStats):
-            want = getattr(loop.actor.stats, f.name) if f.name in ("cpu_s", "cpu_wait_s") else values[f.name]
+            measured = ("cpu_s", "cpu_wait_s", "start_cpu_s")
+            want = getattr(loop.actor.stats, f.name) if f.name in measured else values[f.name]
             assert getattr(got, f.name) == pytest.approx(want) and type(getattr(got, f.name)) is type(f.default), f.name
         block.set(1, loads=0)
         assert runner.actor_stats()[1].version == -1  # (no snapshot loaded yet)

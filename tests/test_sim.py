@@ -722,3 +722,62 @@ def test_the_command_line_takes_the_scheduler(capsys):
     pool = json.loads(capsys.readouterr().out)
     assert 0 < cores["idle_while_queued_frac"] and pool["idle_while_queued_frac"] == 0.0
     assert cores["sps_steady"] != pool["sps_steady"] and math.isnan(pool["wake_moved_frac"] or math.nan)
+
+
+def test_ray_starts_as_many_workers_at_a_time_as_it_has_cpus():
+    # each worker's start holds a core for start_cpu_s, Ray starting max(cores, N x cpus_per_actor) at a time: with
+    # nothing else computing, 8 workers on 2 cores start in 4 rounds of 0.5 s, the first at 0.5 s and the last at
+    # 2.0 s (a spread of 1.5 s), and a wait after the start moves them all alike; without start costs, none
+    c = cfg("actors=8", "actor.max_lead_steps=null", "total_env_steps=40960", "runner=ray",
+            "runner.cpus_per_actor=0.25")
+    lat = Latency("fixed", per_actor_ms=[2.0])
+    none = simulate(c, Costs(**{**FREE, "cores": 2}), lat)
+    assert none["start_spread_s"] == 0.0
+    started = simulate(c, Costs(**{**FREE, "cores": 2, "start_cpu_s": 0.5}), lat)
+    assert started["start_spread_s"] == pytest.approx(1.5, abs=0.01)
+    waited = simulate(c, Costs(**{**FREE, "cores": 2, "start_cpu_s": 0.5, "start_wait_s": 0.3}), lat)
+    assert waited["start_spread_s"] == pytest.approx(1.5, abs=0.01)
+    # the whole run's SPS counts the start (the steady rate does not: 40 updates, the middle half after 2.3 s); the
+    # run is env-bound and its budget fixed, so it ends later by the workers' mean start: 0.3 + (0.5+1+1.5+2)/4
+    assert none["sps"] > started["sps"] > waited["sps"]
+    assert waited["wall_s"] - none["wall_s"] == pytest.approx(0.3 + 1.25, abs=0.05)
+    assert started["sps_steady"] == pytest.approx(none["sps_steady"], rel=0.02)
+    # 4 cores: 4 at a time, in 2 rounds; 16 cores: all 8 at once
+    four = simulate(c, Costs(**{**FREE, "cores": 4, "start_cpu_s": 0.5}), lat)
+    assert four["start_spread_s"] == pytest.approx(0.5, abs=0.01)
+    wide = simulate(c, Costs(**{**FREE, "cores": 16, "start_cpu_s": 0.5}), lat)
+    assert wide["start_spread_s"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_calibration_of_a_ray_run_takes_the_workers_start(tmp_path):
+    # up to asking Ray for the workers is start-up (startup_s); each worker's start CPU (ActorStats.start_cpu_s,
+    # median) and the rest of the first worker's way to its first env step (start_wait_s) are the workers' start;
+    # a run without start_cpu_s (older laglab), or of the process runner, keeps startup_s to the first env step
+    import pandas as pd
+    import yaml
+
+    from laglab.sim import calibrate
+
+    def run_dir(name, runner, start_cpu):
+        d = tmp_path / name
+        (d / ".hydra").mkdir(parents=True)
+        (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump({
+            "runner": {"name": runner}, "actor": {"envs_per_actor": 4}, "env": {"latency_ms": [2.0]},
+            "learner": {"max_kl_behavior": None}}))
+        pd.DataFrame({"learner/compute_s": [0.03, 0.03]}).to_parquet(d / "metrics.parquet")
+        stats = {str(i): {"steps": 12800, "rollouts": 100, "snapshot_s": 0.5, "infer_s": 0.4, "env_s": 30.0,
+                          "cpu_s": 2.0, "env_cpu_s": 0.64, **({"start_cpu_s": s} if s else {})}
+                 for i, s in enumerate(start_cpu)}
+        (d / "summary.json").write_text(json.dumps({
+            "status": "completed", "actors_stats": stats, "transport": {"admitted_fragments": 800},
+            "startup": {"learner": 1.0, "actors_started": 4.0, "first_env_step": 5.5, "all_actors_stepping": 9.0}}))
+        return d
+
+    ray = calibrate([run_dir("ray", "ray", [0.5, 0.6, 0.7])])
+    assert ray["startup_s"] == pytest.approx(3.0)
+    assert ray["start_cpu_s"] == pytest.approx(0.6)
+    assert ray["start_wait_s"] == pytest.approx(5.5 - 4.0 - 0.6)
+    old = calibrate([run_dir("old", "ray", [0, 0, 0])])
+    assert old["startup_s"] == pytest.approx(4.5) and "start_cpu_s" not in old and "start_wait_s" not in old
+    proc = calibrate([run_dir("proc", "process", [0.5, 0.6, 0.7])])
+    assert proc["startup_s"] == pytest.approx(4.5) and "start_cpu_s" not in proc

@@ -57,6 +57,8 @@ class ActorStats:
     cpu_wait_s: float = 0.0  # seconds the actor's process was ready to run and waited for a CPU (process and Ray
     # runners, Linux: the kernel's run delay of the thread that runs the rollouts, /proc/thread-self/schedstat; 0
     # where the kernel does not say)
+    start_cpu_s: float = 0.0  # CPU seconds the actor's process used before its first rollout (process and Ray
+    # runners: the interpreter's start, imports, its envs), not in cpu_s
 
 
 def run_delay_s() -> float:

@@ -35,9 +35,12 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   real per-call times vary less (a coefficient of variation of 0.4-0.85 in those runs, the exponential's is 1) and
   grow with the worker count (means of 3.8 ms at 6 workers, 9.3 at 18, 15 at 24: actors.parquet's snapshot_s over
   updates where one call completed), which the model does not have (``call_s`` is the least crowded run's). An actor
-  waiting for its next call counts as throttled (``actor_throttle_frac``). Not modelled: the answer's trip back,
-  the board's update after a publication, and the receiver thread sharing the learner's GIL (the first look at
-  Ray runs measured mean lag 17-21% above the model's).
+  waiting for its next call counts as throttled (``actor_throttle_frac``). Ray starts its workers a few at a time
+  (as many as the local instance has CPUs; each costs ``start_cpu_s`` of CPU, then ``start_wait_s`` to its first
+  env step): ``start_spread_s`` is the model's time from the first worker's first call to the last's (a run's
+  summary: ``startup.all_actors_stepping - startup.first_env_step``), and the whole run's ``sps`` counts it. Not
+  modelled: the answer's trip back and the board's update after a publication (about 3 ms each, median, at 2
+  workers: a temporary trace, 2026-12-06), and the receiver thread sharing the learner's GIL.
 * **The learner**: takes fragments one at a time (``Costs.fragment_s`` each: receiving, admission, books,
   staging), drops those older than ``learner.max_policy_lag`` versions, updates once per batch
   (``Costs.update_s``), publishes every ``learner.broadcast_every`` updates (the snapshot ``actor.fixed_lag``
@@ -101,7 +104,11 @@ class Costs:
                                # moves to the idle one (else it queues on its own): a fact of the kernel, measured
                                # with benchmarks/sched_trace.py: an effective parameter (this VM: 0.07-0.21 in six
                                # traces at 16-64 actors; 0.16 from the first three, as the tool then counted)
-    startup_s: float = 0.0  # from the run's start to the actors' first env step (counted in sps, as a run does)
+    startup_s: float = 0.0  # from the run's start to the actors' first env step (counted in sps, as a run does);
+                            # runner=ray with a worker start (start_cpu_s, start_wait_s): to the workers' start
+    start_cpu_s: float = 0.0  # runner=ray: CPU a worker process spends before its first call (Ray's worker start,
+                              # imports, envs: ActorStats.start_cpu_s); Ray starts as many at a time as it has CPUs
+    start_wait_s: float = 0.0  # runner=ray: a worker's wait after that CPU until its first env step (holds no core)
     cores: float = 2.0  # CPUs shared by the learner and the actors
 
     def check(self) -> None:
@@ -541,6 +548,10 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     stopped = [False] * N
     held = [False] * N  # ray: actor i has no call and the throttle gives it none (as a paused process actor)
     answers = simpy.Store(env) if ray else None
+    firsts: List[float] = []  # ray: each worker's first call
+    starting = None  # ray: the workers' start (Ray starts as many workers at a time as the instance has CPUs)
+    if ray and (costs.start_cpu_s > 0 or costs.start_wait_s > 0):
+        starting = simpy.Resource(env, capacity=max(int(costs.cores), math.ceil(N * cfg.runner.cpus_per_actor)))
     # runner=process: each actor's free slots, and the pipe its fragments' headers travel in to the receiver
     slotted = cfg.runner.name.value == "process"
     if slotted:
@@ -598,8 +609,21 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             return newest
         return version
 
+    def ray_start(i: int):
+        """A Ray worker's start: Ray starts ``starting`` workers at a time (its worker-start concurrency: the local
+        instance's CPUs), each with ``start_cpu_s`` of CPU (at the workers' niceness, beside the running ones), then
+        a wait of ``start_wait_s`` to its first env step."""
+        with starting.request() as turn:
+            yield turn
+            yield from _cpu(env, cpu, costs.start_cpu_s, 1, None, i)
+        if costs.start_wait_s > 0:
+            yield env.timeout(costs.start_wait_s)
+
     def ray_actor(i: int):
         version = -1
+        if starting is not None:
+            yield from ray_start(i)
+        firsts.append(env.now)
         while True:
             t0 = env.now
             token = yield calls[i].get()
@@ -761,6 +785,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
         "wake_moved_frac": (cpu.placed[1] / cpu.placed[0] if isinstance(cpu, _Cores) and cpu.placed[0]
                             else float("nan")),
         "snapshot_loads": st["fetches"],
+        "start_spread_s": (max(firsts) - min(firsts)) if firsts else 0.0,
     }
 
 
@@ -893,6 +918,15 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
         su = s.get("startup") or {}
         if su.get("first_env_step") is not None and su.get("learner") is not None:
             c["startup_s"] = max(0.0, float(su["first_env_step"]) - float(su["learner"]))
+        start_cpu = [float(a.get("start_cpu_s", 0.0)) for a in stats.values()]
+        if runner == "ray" and su.get("actors_started") is not None and c.get("startup_s") is not None \
+                and start_cpu and min(start_cpu) > 0:  # (runs that measured their workers' start)
+            # Ray starts its workers a few at a time: up to asking for them is start-up; then each worker's start
+            # CPU and a wait (the first worker's first step, less its start CPU)
+            c["start_cpu_s"] = float(np.median(start_cpu))
+            asked = float(su["actors_started"]) - float(su["learner"])
+            c["start_wait_s"] = max(0.0, c["startup_s"] - asked - c["start_cpu_s"])
+            c["startup_s"] = max(0.0, asked)
         costs.append((crowding, c))
         used.append(str(d))
     # every cost measured as wall time (an update, a fragment, an inference, a wait) also holds the waits for a core

@@ -5,7 +5,8 @@ actor process's first env step lands on the learner's timeline. ``summary.json``
 process started (``startup``); ``benchmarks/startup.py`` prints the breakdown.
 
 A mark is kept once: the first time a milestone is reached (``mark``), or the earliest of several actors'
-(``mark_min``)."""
+(``mark_min``). ``all_actors_stepping`` is when the last actor slot took its first env step (:class:`FirstSteps`): Ray starts its
+workers a few at a time, so on Ray it comes seconds after ``first_env_step``."""
 from __future__ import annotations
 
 import os
@@ -14,7 +15,7 @@ import time
 from typing import Callable, Dict, Optional
 
 ORDER = ("interpreter", "config", "imports", "learner", "tracker", "actors_started", "first_env_step",
-         "first_fragment", "first_update")
+         "first_fragment", "first_update", "all_actors_stepping")
 _marks: Dict[str, float] = {}
 _reached = threading.Condition()
 
@@ -45,6 +46,23 @@ def mark_min(name: str, t: float) -> None:
     """Record milestone ``name`` at ``t`` if that is earlier than what is recorded (the first of several actors)."""
     if t > 0 and t < _marks.get(name, float("inf")):
         _marks[name] = t
+
+
+class FirstSteps:
+    """Each actor slot's first env step (of whichever life stepped first: a restart after it is not a start-up),
+    marked as ``first_env_step`` (the earliest) and, once every slot has stepped, ``all_actors_stepping`` (the
+    latest)."""
+
+    def __init__(self, actors: int):
+        self.actors, self.at = actors, {}
+
+    def saw(self, actor_id: int, t: float) -> None:
+        if t <= 0 or actor_id in self.at:
+            return
+        self.at[actor_id] = t
+        mark_min("first_env_step", t)
+        if len(self.at) == self.actors:
+            mark("all_actors_stepping", max(self.at.values()))
 
 
 def get(name: str) -> Optional[float]:

@@ -136,6 +136,7 @@ class _Runner:
                                    self.ledger.book(bucket, reason, f.length) if first is True else None)
         self.intensity = RestartIntensity(cfg.runner.actors_max_restarts, cfg.runner.restart_window_s)
         self.slots = [_Slot(i) for i in range(cfg.actors)]
+        self.first_steps = timeline.FirstSteps(cfg.actors)  # each slot's first env step (start-up)
         self.children: List[_Child] = []  # lives not yet finalized (a finalized one has released everything)
         self.by_conn: Dict[Any, _Child] = {}
         self.conn_lock = threading.Lock()
@@ -199,7 +200,7 @@ class _Runner:
                 st.version = -1
             s.stats = st
             out[s.actor_id] = st
-            timeline.mark_min("first_env_step", r["first_step"])
+            self.first_steps.saw(s.actor_id, float(r["first_step"]))  # (start-up)
         return out
 
     def raise_actors(self, target: int) -> Optional[str]:

@@ -154,6 +154,7 @@ class _Loop:
     def publish_stats(self) -> None:
         st, c = self.actor.stats, self.ch.counts
         st.cpu_s = time.process_time() - self.cpu0
+        st.start_cpu_s = self.cpu0
         st.cpu_wait_s = run_delay_s() - self.wait0  # (the loop's thread: the one that steps, infers and sends)
         row = dataclasses.asdict(st)  # (every ActorStats field has its column in the status block)
         row.update(duplicated=c.duplicated, reordered=c.reordered, delayed=c.delayed, dropped_steps=c.dropped_steps,

@@ -244,6 +244,7 @@ class _Runner:
         self.receiver_error: Optional[BaseException] = None
         self.granted: Dict[int, int] = dict(learner.consumed)
         self.snapshot: Optional[Tuple[int, list]] = None  # (version, [object ref])
+        self.first_steps = timeline.FirstSteps(cfg.actors)  # each slot's first env step (start-up)
         opts: Dict[str, Any] = {"num_cpus": cfg.runner.cpus_per_actor, "max_restarts": 0, "max_task_retries": 0,
                                 "scheduling_strategy": "SPREAD"}  # a rollout fleet spreads over the nodes
         if cfg.runner.resource:
@@ -353,8 +354,8 @@ class _Runner:
             self.bytes_in += f.nbytes
             arrive_at_queue(led, self.queue, f, lambda: w.abandoned, lambda f=f: _drop(w.link, f), lambda _: None,
                             self.poll)
-        if first is not None:  # (start-up: the first env step of any worker, on the learner's clock)
-            timeline.mark_min("first_env_step", time.monotonic() - (time.time() - first))
+        if first is not None:  # (start-up: each slot's first env step, on the learner's clock)
+            self.first_steps.saw(w.actor_id, time.monotonic() - (time.time() - first))
         w.chaos = chaos
         w.killed = bool(res.get("killed"))
         if self.slots[w.actor_id].worker is w:

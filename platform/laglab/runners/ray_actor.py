@@ -200,6 +200,7 @@ class RolloutWorker:
 
     def _stats(self) -> Dict[str, Any]:
         self.actor.stats.cpu_s = time.process_time() - self.cpu0  # the whole worker process, as the process runner
+        self.actor.stats.start_cpu_s = self.cpu0
         self.actor.stats.cpu_wait_s = run_delay_s() - self.wait0
         return asdict(self.actor.stats)
 
