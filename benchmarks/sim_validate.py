@@ -150,7 +150,7 @@ def predict(ovs: List[str], costs: Path | dict, seeds: int = SEEDS) -> Dict[str,
     cfg = compose(ovs)
     drawn = draws(cfg, c)
     outs = [simulate(cfg, c, seed=s) for s in range(seeds if drawn else 1)]
-    keys = ("sps", "sps_steady", "lag_mean", "lag_p95", "actor_cpu_wait_frac", "learner_utilization")
+    keys = ("sps", "sps_steady", "lag_mean", "lag_p95", "actor_cpu_wait_frac", "learner_utilization", "start_spread_s")
     out = {**outs[0], **{k: float(np.median([o[k] for o in outs])) for k in keys}}
     out.update({"seeds": len(outs), "lag_mean_min": min(o["lag_mean"] for o in outs),
                 "lag_mean_max": max(o["lag_mean"] for o in outs)})

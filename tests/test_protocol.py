@@ -300,6 +300,11 @@ def test_scripted_actor_restart_mid_episode(tmp_path, runner, kind):
     assert t["dropped"].get("lost_in_transit", 0) == c["dropped_steps"] + c["lost_held_steps"]
     assert t["misattributed"] == 0  # nothing of a new incarnation was joined to the old one's episode
     assert balanced(t) and s["status"] == "completed"
+    if runner in ("process", "ray"):  # the start-up: every slot's first env step (restarts later are not a start),
+        su = s["startup"]  # and each actor process's CPU before its loop (laglab.sim --calibrate's start_cpu_s)
+        assert su["first_env_step"] <= su["all_actors_stepping"], su
+        stepped = [a for a in s["actors_stats"].values() if a["steps"]]  # (a last life may end before it steps)
+        assert all(0 < a["start_cpu_s"] < 60 for a in stepped), s["actors_stats"]
 
 
 @pytest.mark.parametrize("runner", ASYNC)

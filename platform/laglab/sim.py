@@ -36,9 +36,10 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   grow with the worker count (means of 3.8 ms at 6 workers, 9.3 at 18, 15 at 24: actors.parquet's snapshot_s over
   updates where one call completed), which the model does not have (``call_s`` is the least crowded run's). An actor
   waiting for its next call counts as throttled (``actor_throttle_frac``). Ray starts its workers a few at a time
-  (as many as the local instance has CPUs; each costs ``start_cpu_s`` of CPU, then ``start_wait_s`` to its first
-  env step): ``start_spread_s`` is the model's time from the first worker's first call to the last's (a run's
-  summary: ``startup.all_actors_stepping - startup.first_env_step``), and the whole run's ``sps`` counts it. Not
+  (its raylet: as many as the machine has CPUs; each costs ``start_cpu_s`` of CPU, then ``start_wait_s``, then its
+  first call): ``start_spread_s`` is the model's time from the first worker's first env step to the last's (a run's
+  summary: ``startup.all_actors_stepping - startup.first_env_step``; NaN where the model has no start: the process
+  runner, or costs without ``start_cpu_s`` / ``start_wait_s``), and the whole run's ``sps`` counts it. Not
   modelled: the answer's trip back and the board's update after a publication (about 3 ms each, median, at 2
   workers: a temporary trace, 2026-12-06), and the receiver thread sharing the learner's GIL.
 * **The learner**: takes fragments one at a time (``Costs.fragment_s`` each: receiving, admission, books,
@@ -104,11 +105,12 @@ class Costs:
                                # moves to the idle one (else it queues on its own): a fact of the kernel, measured
                                # with benchmarks/sched_trace.py: an effective parameter (this VM: 0.07-0.21 in six
                                # traces at 16-64 actors; 0.16 from the first three, as the tool then counted)
-    startup_s: float = 0.0  # from the run's start to the actors' first env step (counted in sps, as a run does);
-                            # runner=ray with a worker start (start_cpu_s, start_wait_s): to the workers' start
+    startup_s: float = 0.0  # from the run's start (its wall clock: after the tracker) to the actors' first env step
+                            # (counted in sps, as a run does); runner=ray with a worker start (start_cpu_s,
+                            # start_wait_s): to asking Ray for the workers (startup.actors_started)
     start_cpu_s: float = 0.0  # runner=ray: CPU a worker process spends before its first call (Ray's worker start,
                               # imports, envs: ActorStats.start_cpu_s); Ray starts as many at a time as it has CPUs
-    start_wait_s: float = 0.0  # runner=ray: a worker's wait after that CPU until its first env step (holds no core)
+    start_wait_s: float = 0.0  # runner=ray: a worker's wait after that CPU until its first call (holds no core)
     cores: float = 2.0  # CPUs shared by the learner and the actors
 
     def check(self) -> None:
@@ -490,6 +492,10 @@ def own_cores(cfg: Config, costs: Costs) -> bool:
     return costs.cores >= cfg.actors + 1 and not (cfg.runner.name.value == "ray" and costs.call_cpu_s > 0)
 
 
+START_SLICE_S = 0.004  # a Ray worker's start CPU is served in slices of this (the kernel's tick: time slices at
+                       # the workers' niceness are a few ms), so the running workers on its core take turns with it
+
+
 def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Latency] = None, seed: int = 0,
              frag_bytes: Optional[int] = None, contend: bool = False, sched: str = "cores") -> Dict[str, object]:
     """Run the model to the end of ``cfg.total_env_steps``; returns its predictions (see :data:`OUTPUTS`). With a
@@ -548,10 +554,11 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     stopped = [False] * N
     held = [False] * N  # ray: actor i has no call and the throttle gives it none (as a paused process actor)
     answers = simpy.Store(env) if ray else None
-    firsts: List[float] = []  # ray: each worker's first call
-    starting = None  # ray: the workers' start (Ray starts as many workers at a time as the instance has CPUs)
+    firsts: List[float] = []  # ray: each worker's first env step
+    started = [False] * N
+    starting = None  # ray: the workers' start (Ray's raylet starts as many at a time as the machine has CPUs)
     if ray and (costs.start_cpu_s > 0 or costs.start_wait_s > 0):
-        starting = simpy.Resource(env, capacity=max(int(costs.cores), math.ceil(N * cfg.runner.cpus_per_actor)))
+        starting = simpy.Resource(env, capacity=int(costs.cores))
     # runner=process: each actor's free slots, and the pipe its fragments' headers travel in to the receiver
     slotted = cfg.runner.name.value == "process"
     if slotted:
@@ -610,12 +617,18 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
         return version
 
     def ray_start(i: int):
-        """A Ray worker's start: Ray starts ``starting`` workers at a time (its worker-start concurrency: the local
-        instance's CPUs), each with ``start_cpu_s`` of CPU (at the workers' niceness, beside the running ones), then
-        a wait of ``start_wait_s`` to its first env step."""
+        """A Ray worker's start: Ray's raylet starts ``cores`` workers at a time (its ``maximum_startup_concurrency``:
+        the smaller of the machine's CPUs and the instance's, which laglab's local instance makes at least the
+        machine's; on a cluster, per node, which the model does not know), each with ``start_cpu_s`` of CPU at the
+        workers' niceness, in slices that take turns with the running workers on a core as the kernel's time slices
+        do, then a wait of ``start_wait_s`` before its first call."""
         with starting.request() as turn:
             yield turn
-            yield from _cpu(env, cpu, costs.start_cpu_s, 1, None, i)
+            left = costs.start_cpu_s
+            while left > 1e-12:
+                piece = min(left, START_SLICE_S)
+                yield from _cpu(env, cpu, piece, 1, None, i)
+                left -= piece
         if costs.start_wait_s > 0:
             yield env.timeout(costs.start_wait_s)
 
@@ -623,7 +636,6 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
         version = -1
         if starting is not None:
             yield from ray_start(i)
-        firsts.append(env.now)
         while True:
             t0 = env.now
             token = yield calls[i].get()
@@ -635,6 +647,9 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             if costs.call_s > 0:  # (asking the board: the newest version as the answer arrives)
                 yield env.timeout(call_rng.exponential(costs.call_s))
             version = yield from refresh(i, version)
+            if len(firsts) < N and version >= 0 and not started[i]:
+                started[i] = True
+                firsts.append(env.now)  # (its first env step comes next)
             yield from collect(i)
             yield from _cpu(env, cpu, E * costs.send_s, 1, run_delay, i)
             yield answers.put((i, version, env.now))
@@ -785,7 +800,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
         "wake_moved_frac": (cpu.placed[1] / cpu.placed[0] if isinstance(cpu, _Cores) and cpu.placed[0]
                             else float("nan")),
         "snapshot_loads": st["fetches"],
-        "start_spread_s": (max(firsts) - min(firsts)) if firsts else 0.0,
+        "start_spread_s": (max(firsts) - min(firsts)) if starting is not None and len(firsts) == N else float("nan"),
     }
 
 
@@ -829,7 +844,10 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     is). Runs at two or more actor counts also give ``crowding_s``: the growth of the actors' whole CPU per env step
     (CPU time) with the actors per core (:func:`crowding_fit`); without a growth ``step_cpu_s`` is the median over
     the runs. What is measured as wall time (updates, fragments, inference, waits) comes from the runs with the
-    fewest actors per core: among crowded actors it also holds waits for a core, which the model makes itself. All
+    fewest actors per core: among crowded actors it also holds waits for a core, which the model makes itself. Ray
+    runs that measured their workers' start (``ActorStats.start_cpu_s``) split the start-up: ``startup_s`` up to
+    asking Ray for the workers, then ``start_cpu_s`` per worker and ``start_wait_s`` (where every least crowded run
+    has them; else ``startup_s`` runs to the first env step, as for every other runner). All
     runs must be of one runner and one ``actor.envs_per_actor``. Calibrate on a quiet machine: under load every cost grows."""
     import pandas as pd
     import yaml
@@ -916,17 +934,19 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
             if loads and runner != "ray":
                 c["fetch_s"] = fetch / loads
         su = s.get("startup") or {}
-        if su.get("first_env_step") is not None and su.get("learner") is not None:
-            c["startup_s"] = max(0.0, float(su["first_env_step"]) - float(su["learner"]))
+        origin = su.get("tracker", su.get("learner"))  # (the run's wall clock, and its sps, start after the tracker)
+        if su.get("first_env_step") is not None and origin is not None:
+            c["startup_s"] = max(0.0, float(su["first_env_step"]) - float(origin))
         start_cpu = [float(a.get("start_cpu_s", 0.0)) for a in stats.values()]
         if runner == "ray" and su.get("actors_started") is not None and c.get("startup_s") is not None \
                 and start_cpu and min(start_cpu) > 0:  # (runs that measured their workers' start)
             # Ray starts its workers a few at a time: up to asking for them is start-up; then each worker's start
-            # CPU and a wait (the first worker's first step, less its start CPU)
-            c["start_cpu_s"] = float(np.median(start_cpu))
-            asked = float(su["actors_started"]) - float(su["learner"])
-            c["start_wait_s"] = max(0.0, c["startup_s"] - asked - c["start_cpu_s"])
-            c["startup_s"] = max(0.0, asked)
+            # CPU and a wait: the first worker's way to its first env step, less its start CPU (the median worker's)
+            # and the first call's round trip (the model's own call_s); clamped at 0 (a worker Ray had started
+            # before it was asked for)
+            asked = max(0.0, float(su["actors_started"]) - float(origin))
+            cpu0 = float(np.median(start_cpu))
+            c["_start"] = (asked, cpu0, max(0.0, c["startup_s"] - asked - cpu0 - c.get("call_s", 0.0)))
         costs.append((crowding, c))
         used.append(str(d))
     # every cost measured as wall time (an update, a fragment, an inference, a wait) also holds the waits for a core
@@ -934,8 +954,13 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     # as CPU time, is a line over every run (crowding_s), and the other processes' a slope over every call rate
     least = min(x for x, _ in costs)
     calm = [c for x, c in costs if x == least]
+    starts = [c.pop("_start", None) for _, c in costs]
     out: Dict[str, object] = {k: float(np.median([c[k] for c in calm if k in c]))
                               for k in dict.fromkeys(k for c in calm for k in c)}
+    calm_starts = [s for (x, _), s in zip(costs, starts) if x == least]
+    if calm_starts and all(s is not None for s in calm_starts):  # (one definition of startup_s: every calm run's)
+        out["startup_s"], out["start_cpu_s"], out["start_wait_s"] = (float(np.median([s[k] for s in calm_starts]))
+                                                                     for k in range(3))
     cpu_runs = [c["step_cpu_s"] for _, c in costs if "step_cpu_s" in c]
     if cpu_runs:  # (measured as CPU time where the run measured its actors' processes: every run's counts)
         out["step_cpu_s"] = float(np.median(cpu_runs))

@@ -49,9 +49,10 @@ def mark_min(name: str, t: float) -> None:
 
 
 class FirstSteps:
-    """Each actor slot's first env step (of whichever life stepped first: a restart after it is not a start-up),
-    marked as ``first_env_step`` (the earliest) and, once every slot has stepped, ``all_actors_stepping`` (the
-    latest)."""
+    """Each actor slot's first env step as the learner first hears of it (a life that dies before it reports a step
+    leaves its slot to the next life's first step; a later life of a slot that stepped is not a start-up), marked
+    as ``first_env_step`` (the earliest) and, once every slot has stepped, ``all_actors_stepping`` (the latest; never,
+    where a slot never steps). One thread at a time: the Ray runner's receiver, the process runner's learner loop."""
 
     def __init__(self, actors: int):
         self.actors, self.at = actors, {}
