@@ -555,7 +555,6 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     held = [False] * N  # ray: actor i has no call and the throttle gives it none (as a paused process actor)
     answers = simpy.Store(env) if ray else None
     firsts: List[float] = []  # ray: each worker's first env step
-    started = [False] * N
     starting = None  # ray: the workers' start (Ray's raylet starts as many at a time as the machine has CPUs)
     if ray and (costs.start_cpu_s > 0 or costs.start_wait_s > 0):
         starting = simpy.Resource(env, capacity=int(costs.cores))
@@ -633,7 +632,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             yield env.timeout(costs.start_wait_s)
 
     def ray_actor(i: int):
-        version = -1
+        version, stepped = -1, False
         if starting is not None:
             yield from ray_start(i)
         while True:
@@ -647,8 +646,8 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             if costs.call_s > 0:  # (asking the board: the newest version as the answer arrives)
                 yield env.timeout(call_rng.exponential(costs.call_s))
             version = yield from refresh(i, version)
-            if len(firsts) < N and version >= 0 and not started[i]:
-                started[i] = True
+            if not stepped:
+                stepped = True
                 firsts.append(env.now)  # (its first env step comes next)
             yield from collect(i)
             yield from _cpu(env, cpu, E * costs.send_s, 1, run_delay, i)
@@ -954,11 +953,10 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     # as CPU time, is a line over every run (crowding_s), and the other processes' a slope over every call rate
     least = min(x for x, _ in costs)
     calm = [c for x, c in costs if x == least]
-    starts = [c.pop("_start", None) for _, c in costs]
+    calm_starts = [c.pop("_start", None) for c in calm]  # (not a cost: the start's three figures, below)
     out: Dict[str, object] = {k: float(np.median([c[k] for c in calm if k in c]))
                               for k in dict.fromkeys(k for c in calm for k in c)}
-    calm_starts = [s for (x, _), s in zip(costs, starts) if x == least]
-    if calm_starts and all(s is not None for s in calm_starts):  # (one definition of startup_s: every calm run's)
+    if all(s is not None for s in calm_starts):  # (one definition of startup_s: every calm run's)
         out["startup_s"], out["start_cpu_s"], out["start_wait_s"] = (float(np.median([s[k] for s in calm_starts]))
                                                                      for k in range(3))
     cpu_runs = [c["step_cpu_s"] for _, c in costs if "step_cpu_s" in c]
