@@ -137,15 +137,17 @@ def cell_table(runs: pd.DataFrame, pred: str = "pred") -> pd.DataFrame:
 
 def _whole_run(g: pd.DataFrame, pred: str) -> Dict[str, object]:
     """Not judged by the goal: the whole run's SPS (summary ``sps``: the start-up and the actors' staggered start
-    and finish in it) and the spread of the actors' first env steps (from the first to the last), where the set
-    recorded them (from 2026-12-06 18:30 on; a re-prediction has none)."""
+    and finish in it), the spread of the actors' first env steps (from the first to the last) and their mean
+    (after asking Ray for the workers), where the set recorded them (the spread from 2026-12-06 18:30 on, the mean
+    from 22:00; a re-prediction has neither)."""
     cols = (f"{pred}_sps_run", "real_sps_run")
+    shown = ("start spread", "start mean")
     if not all(c in g and g[c].notna().all() for c in cols):
-        return {"run sps err per run": float("nan"), "start spread pred": float("nan"),
-                "start spread real": float("nan")}
-    return {"run sps err per run": _range(g[cols[0]] / g[cols[1]] - 1),
-            "start spread pred": _median(g, f"{pred}_start_spread"),
-            "start spread real": _median(g, "real_start_spread")}
+        return {"run sps err per run": float("nan"), **{f"{k} {w}": float("nan") for k in shown for w in ("pred", "real")}}
+    out: Dict[str, object] = {"run sps err per run": _range(g[cols[0]] / g[cols[1]] - 1)}
+    for k in shown:
+        out[f"{k} pred"], out[f"{k} real"] = (_median(g, f"{w}_{k.replace(' ', '_')}") for w in (pred, "real"))
+    return out
 
 
 def _md(df: pd.DataFrame) -> str:
@@ -159,7 +161,7 @@ def _md(df: pd.DataFrame) -> str:
                 cells.append("yes" if v else "**no**")
             elif isinstance(v, float):
                 cells.append("" if np.isnan(v) else (f"{v:+.1%}" if "err" in c else f"{v:.0%}" if "wait" in c
-                                                     else f"{v:.2f} s" if "spread" in c else f"{v:.3g}"))
+                                                     else f"{v:.2f} s" if c.startswith("start") else f"{v:.3g}"))
             else:
                 cells.append(str(v))
         out.append("| " + " | ".join(cells) + " |")
@@ -168,7 +170,8 @@ def _md(df: pd.DataFrame) -> str:
 
 SHOWN = ["runner", "latency", "actors", "runs", "sps pred", "sps real", "sps err", "sps err per run", "lag pred",
          "lag real", "lag err", "lag err per run", "p95 diff per run", "cpu wait pred", "cpu wait real", "cpu us/step",
-         "cal cpu us/step", "goal", "goal, median", "run sps err per run", "start spread pred", "start spread real"]
+         "cal cpu us/step", "goal", "goal, median", "run sps err per run", "start spread pred", "start spread real",
+         "start mean pred", "start mean real"]
 
 
 def worst(t: pd.DataFrame) -> str:
@@ -196,7 +199,8 @@ def build(d: str | Path) -> str:
            "rate (transitions trained per second over the middle half of the updates, the same rule on both "
            "sides): neither the start-up nor the last actors' finish is in it, and the whole run's `sps` is not "
            "judged here (sets from 2026-12-06 18:30 on show it beside the goal: `run sps err per run`, and the "
-           "spread of the actors' first env steps, first to last, `start spread`). Few runs per cell (1-3): at 64 process actors the runs of one cell spread up to 9 points "
+           "spread of the actors' first env steps, first to last, `start spread`, and from 22:00 on their mean after the "
+           "workers were asked for, `start mean`). Few runs per cell (1-3): at 64 process actors the runs of one cell spread up to 9 points "
            "in SPS, so an error within a few points of the goal's edge decides little, and no failure in n runs "
            "bounds a miss rate only loosely (3/n at 95%). "
            "A `Re-predicted` table is a later model on the same calibrations: where the set was looked at while that "

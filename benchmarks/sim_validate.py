@@ -102,8 +102,11 @@ def measure(run_dir: Path) -> Dict[str, float]:
     su = s.get("startup") or {}
     spread = (float(su["all_actors_stepping"]) - float(su["first_env_step"])
               if su.get("all_actors_stepping") is not None and su.get("first_env_step") is not None else float("nan"))
+    firsts = (s.get("startup_actors") or {}).get("first_env_step") or {}  # (each slot's: runs from 2026-12-06 22:00)
+    mean = (float(np.mean([float(t) for t in firsts.values()])) - float(su["actors_started"])
+            if firsts and su.get("actors_started") is not None else float("nan"))
     return {"sps": float(s["sps"]), "sps_steady": float(steady), "lag_mean": float(s["lag"]["mean"]),
-            "start_spread_s": spread,
+            "start_spread_s": spread, "start_mean_s": mean,
             "lag_p95": float(s["lag"]["p95"]), "wall_s": float(s["wall_time_s"]),
             "cpu_us": 1e6 * sum(x.get("cpu_s", 0.0) for x in a) / steps if steps else float("nan"),
             "cpu_wait_frac": steady_cpu_wait(run_dir, m)}
@@ -150,7 +153,8 @@ def predict(ovs: List[str], costs: Path | dict, seeds: int = SEEDS) -> Dict[str,
     cfg = compose(ovs)
     drawn = draws(cfg, c)
     outs = [simulate(cfg, c, seed=s) for s in range(seeds if drawn else 1)]
-    keys = ("sps", "sps_steady", "lag_mean", "lag_p95", "actor_cpu_wait_frac", "learner_utilization", "start_spread_s")
+    keys = ("sps", "sps_steady", "lag_mean", "lag_p95", "actor_cpu_wait_frac", "learner_utilization", "start_spread_s",
+            "start_mean_s")
     out = {**outs[0], **{k: float(np.median([o[k] for o in outs])) for k in keys}}
     out.update({"seeds": len(outs), "lag_mean_min": min(o["lag_mean"] for o in outs),
                 "lag_mean_max": max(o["lag_mean"] for o in outs)})
@@ -243,6 +247,8 @@ def records_of(out: Path, cells, preds, reals, dirs, every: str, counts: List[in
                    "pred_sps_run": p.get("sps", float("nan")), "real_sps_run": x["sps"],
                    "pred_start_spread": p.get("start_spread_s", float("nan")),
                    "real_start_spread": x.get("start_spread_s", float("nan")),
+                   "pred_start_mean": p.get("start_mean_s", float("nan")),
+                   "real_start_mean": x.get("start_mean_s", float("nan")),
                    "real_cpu_us": x["cpu_us"], "pred_cpu_wait": p.get("actor_cpu_wait_frac", float("nan")),
                    "real_cpu_wait": x.get("cpu_wait_frac", float("nan")),
                    "cal_cpu_us": float(np.median([measure(c)["cpu_us"] for c in cal])),

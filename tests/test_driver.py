@@ -341,14 +341,21 @@ def test_serve_grants_the_starving_actors_credit_once_per_change(clock):
 def test_start_up_marks_the_first_and_the_last_actor_slots_first_env_step(monkeypatch):
     # first_env_step: the earliest slot's; all_actors_stepping: once every slot has stepped, the latest slot's
     # first step; a slot's later sighting (a restarted life) changes neither, and 0 (not stepped yet) is no step
-    monkeypatch.setattr(timeline, "_marks", {})
+    monkeypatch.setattr(timeline, "_marks", {"process_start": 0.5})
+    monkeypatch.setattr(timeline, "_actors", {})
     seen = timeline.FirstSteps(3)
-    seen.saw(0, 5.0)
+    seen.saw(0, 5.0, {"born": 2.0, "booted": 3.0, "built": 4.0})
     seen.saw(1, 3.0)
-    seen.saw(2, 0.0)
+    seen.saw(2, 0.0, {"born": 1.0, "built": 2.0})
     assert timeline.get("first_env_step") == 3.0 and timeline.get("all_actors_stepping") is None
-    seen.saw(0, 9.0)  # slot 0 again (a new life): not a start
-    seen.saw(2, 7.0)
+    seen.saw(0, 9.0, {"born": 8.0, "built": 8.5})  # slot 0 again (a new life): not a start
+    seen.saw(2, 7.0, {"born": 6.0, "built": 6.5, "stray": 6.8})
     assert timeline.get("all_actors_stepping") == 7.0 and timeline.get("first_env_step") == 3.0
     seen.saw(1, 1.0)  # (slot 1 stepped already)
     assert timeline.get("first_env_step") == 3.0 and timeline.get("all_actors_stepping") == 7.0
+    # each slot's start, from the life that stepped first, counted from the process's start (0.5); what a runner
+    # does not know (slot 1's birth) is left out, and so is what is not a moment of a start
+    assert timeline.actor_starts() == {"born": {"0": 1.5, "2": 5.5}, "booted": {"0": 2.5}, "built": {"0": 3.5, "2": 6.0},
+                                       "first_env_step": {"0": 4.5, "1": 2.5, "2": 6.5}}
+    timeline.reset()
+    assert timeline.actor_starts() == {}

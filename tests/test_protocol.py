@@ -305,6 +305,13 @@ def test_scripted_actor_restart_mid_episode(tmp_path, runner, kind):
         assert su["first_env_step"] <= su["all_actors_stepping"], su
         stepped = [a for a in s["actors_stats"].values() if a["steps"]]  # (a last life may end before it steps)
         assert all(0 < a["start_cpu_s"] < 60 for a in stepped), s["actors_stats"]
+        slots = s["startup_actors"]  # each slot's first env step (and on Ray its worker's birth and its actor built)
+        assert len(slots["first_env_step"]) == s["actors"]
+        assert min(slots["first_env_step"].values()) == pytest.approx(su["first_env_step"], abs=1e-3)
+        if runner == "ray":  # (Ray's part of the start CPU, up to the worker taking up laglab's code, is less)
+            assert all(0 < a["boot_cpu_s"] < a["start_cpu_s"] for a in stepped), s["actors_stats"]
+            for k in slots["first_env_step"]:
+                assert slots["born"][k] < slots["built"][k] <= slots["first_env_step"][k], slots
 
 
 @pytest.mark.parametrize("runner", ASYNC)

@@ -754,6 +754,33 @@ def test_ray_starts_as_many_workers_at_a_time_as_it_has_cpus():
     assert math.isnan(none["start_spread_s"])
 
 
+def test_ray_starts_its_own_part_of_a_worker_a_few_at_a_time_and_the_rest_beside_it():
+    # Ray's own part of a worker's start (boot_cpu_s, then boot_wait_s: up to registering with the raylet) runs
+    # cores at a time at nice 0, preempting the workers' own part (the rest of start_cpu_s: laglab's imports, the
+    # envs), which runs beside every other starting worker. 8 workers on 2 cores, the cores shared evenly
+    # (sched=pool; 4 ms slices), 0.1 s of boot in 0.5 s of start CPU: pairs A..D boot at 0.1, 0.2, 0.3, 0.4 with the
+    # cores to themselves; then 8 rests of 0.4 s share 2 cores and all end at 0.4 + 1.6 = 2.0 (no spread, a mean
+    # start of 2.0 s where the whole start under the limit gives 0.5..2.0, a mean of 1.25 s): the run (env-bound,
+    # a fixed budget) ends about 0.75 s later, give or take half a rollout (32 steps x 4 envs x 2 ms = 0.256 s)
+    c = cfg("actors=8", "actor.max_lead_steps=null", "total_env_steps=40960", "runner=ray",
+            "runner.cpus_per_actor=0.25")
+    lat = Latency("fixed", per_actor_ms=[2.0])
+    whole = simulate(c, Costs(**{**FREE, "cores": 2, "start_cpu_s": 0.5}), lat, sched="pool")
+    split = simulate(c, Costs(**{**FREE, "cores": 2, "start_cpu_s": 0.5, "boot_cpu_s": 0.1}), lat, sched="pool")
+    assert whole["start_spread_s"] == pytest.approx(1.5, abs=0.02)
+    assert split["start_spread_s"] == pytest.approx(0.0, abs=0.02)
+    assert split["wall_s"] - whole["wall_s"] == pytest.approx(2.0 - 1.25, abs=0.13)
+    # a wait of 0.1 s after each boot (holding Ray's turn) leaves the cores to the rests meanwhile: A boots over
+    # 0-0.1 and waits to 0.2, B boots 0.2-0.3 (A's rest gets nothing) and waits to 0.4 (A's gets both cores: 0.3
+    # left), C boots 0.4-0.5, then A and B share the cores to 0.6 (0.25 and 0.35 left), D boots 0.6-0.7, A, B, C
+    # share them to 0.8 (0.217, 0.317, 0.367 left), then all 8: A ends at 1.667 and D at 2.1, a spread of 0.43 s
+    waited = simulate(c, Costs(**{**FREE, "cores": 2, "start_cpu_s": 0.5, "boot_cpu_s": 0.1, "boot_wait_s": 0.1}),
+                      lat, sched="pool")
+    assert waited["start_spread_s"] == pytest.approx(2.1 - 1.667, abs=0.03)
+    with pytest.raises(SimError, match="boot_cpu_s is part of costs.start_cpu_s: 0 to 0.5"):
+        Costs(**{**FREE, "start_cpu_s": 0.5, "boot_cpu_s": 0.6}).check()
+
+
 def test_a_starting_ray_worker_takes_turns_with_the_running_ones_on_its_core():
     # a start's CPU is served in 4 ms slices, as the kernel's time slices share a core: on one core, one worker
     # running (1 ms of CPU, then a 2 ms sleep) and one starting (0.3 s of CPU) take turns. The running worker, woken
@@ -804,3 +831,21 @@ def test_calibration_of_a_ray_run_takes_the_workers_start(tmp_path):
     assert mixed["startup_s"] == pytest.approx(5.5 - 1.0) and "start_cpu_s" not in mixed
     proc = calibrate([run_dir("proc", "process", [0.5, 0.6, 0.7])])
     assert proc["startup_s"] == pytest.approx(5.5 - 1.0) and "start_cpu_s" not in proc
+    # with each worker's birth (startup_actors) and Ray's part of its start CPU (boot_cpu_s): start-up runs to the
+    # first birth, boot_cpu_s is the median Ray part, start_wait_s the median from built to first env step less the
+    # call's round trip
+    d = run_dir("born", "ray", [0.5, 0.6, 0.7])
+    s = json.loads((d / "summary.json").read_text())
+    for i, boot in enumerate([0.2, 0.3, 0.25]):
+        s["actors_stats"][str(i)]["boot_cpu_s"] = boot
+    s["startup_actors"] = {"born": {"0": 3.3, "1": 4.2, "2": 4.6}, "booted": {"0": 4.1, "1": 4.7, "2": 5.0},
+                           "built": {"0": 5.2, "1": 5.3, "2": 5.9}, "first_env_step": {"0": 5.5, "1": 5.35, "2": 6.1}}
+    (d / "summary.json").write_text(json.dumps(s))
+    born = calibrate([d])
+    assert born["startup_s"] == pytest.approx(4.0 - 1.0)
+    assert born["start_cpu_s"] == pytest.approx(0.6) and born["boot_cpu_s"] == pytest.approx(0.25)
+    assert born["boot_wait_s"] == pytest.approx(0.5 - 0.25)  # (births to boots 0.8, 0.5, 0.4: the median less CPU)
+    assert born["start_wait_s"] == pytest.approx(0.2 - call)  # (built to first step 0.3, 0.05, 0.2)
+    # the least crowded runs with and without births: no split for any
+    both = calibrate([tmp_path / "ray", d])
+    assert both["startup_s"] == pytest.approx(5.5 - 1.0) and "start_cpu_s" not in both

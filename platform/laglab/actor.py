@@ -59,6 +59,8 @@ class ActorStats:
     # where the kernel does not say)
     start_cpu_s: float = 0.0  # CPU seconds the actor's process used before its first rollout (process and Ray
     # runners: the interpreter's start, imports, its envs), not in cpu_s
+    boot_cpu_s: float = 0.0  # Ray: the part of start_cpu_s before the worker took up laglab's actor code (Ray's own
+    # worker start, up to registering with its raylet, which starts that many at a time); 0 elsewhere
 
 
 def run_delay_s() -> float:

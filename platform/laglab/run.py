@@ -274,6 +274,7 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
         if error:
             summary["error"] = error
         summary["startup"] = timeline.startup()
+        summary["startup_actors"] = timeline.actor_starts()
         for key in ("transport", "chaos", "actor_restarts", "cpu"):
             if key in result:
                 summary[key] = result[key]

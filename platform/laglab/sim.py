@@ -109,7 +109,12 @@ class Costs:
                             # (counted in sps, as a run does); runner=ray with a worker start (start_cpu_s,
                             # start_wait_s): to asking Ray for the workers (startup.actors_started)
     start_cpu_s: float = 0.0  # runner=ray: CPU a worker process spends before its first call (Ray's worker start,
-                              # imports, envs: ActorStats.start_cpu_s); Ray starts as many at a time as it has CPUs
+                              # imports, envs: ActorStats.start_cpu_s)
+    boot_cpu_s: float = 0.0  # runner=ray: the part of start_cpu_s that is Ray's own worker start (up to registering
+                             # with its raylet: ActorStats.boot_cpu_s), which Ray runs as many at a time as it has
+                             # CPUs; the rest (laglab's imports, the envs) runs beside it. 0: the whole start so
+    boot_wait_s: float = 0.0  # runner=ray: the wait in Ray's part of a worker's start (its raylet's and GCS's round
+                              # trips: from its birth to taking up its actor, less boot_cpu_s)
     start_wait_s: float = 0.0  # runner=ray: a worker's wait after that CPU until its first call (holds no core)
     cores: float = 2.0  # CPUs shared by the learner and the actors
 
@@ -122,6 +127,9 @@ class Costs:
             raise SimError(f"costs.update_s must be > 0, got {self.update_s!r}")
         if self.wake_move_p > 1:
             raise SimError(f"costs.wake_move_p is a probability: 0 to 1, got {self.wake_move_p!r}")
+        if self.boot_cpu_s > self.start_cpu_s:
+            raise SimError(f"costs.boot_cpu_s is part of costs.start_cpu_s: 0 to {self.start_cpu_s!r}, got "
+                           f"{self.boot_cpu_s!r}")
         if self.cores < 1 or self.cores != int(self.cores):
             raise SimError(f"costs.cores must be an integer >= 1, got {self.cores!r}")
 
@@ -615,19 +623,33 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             return newest
         return version
 
+    def sliced(i: int, seconds: float):
+        """CPU at the workers' niceness in slices that take turns with the running workers on a core, as the
+        kernel's time slices do."""
+        while seconds > 1e-12:
+            piece = min(seconds, START_SLICE_S)
+            yield from _cpu(env, cpu, piece, 1, None, i)
+            seconds -= piece
+
     def ray_start(i: int):
-        """A Ray worker's start: Ray's raylet starts ``cores`` workers at a time (its ``maximum_startup_concurrency``:
-        the smaller of the machine's CPUs and the instance's, which laglab's local instance makes at least the
-        machine's; on a cluster, per node, which the model does not know), each with ``start_cpu_s`` of CPU at the
-        workers' niceness, in slices that take turns with the running workers on a core as the kernel's time slices
-        do, then a wait of ``start_wait_s`` before its first call."""
+        """A Ray worker's start, in two parts. Ray's own (``boot_cpu_s`` of CPU and a wait of ``boot_wait_s``, up to
+        the worker registering with its raylet and taking up its actor) runs ``cores`` workers at a time: the
+        raylet's ``maximum_startup_concurrency``, the smaller of the machine's CPUs and the instance's, which
+        laglab's local instance makes at least the machine's (on a cluster, per node, which the model does not
+        know). This part runs at nice 0 (a trace of a start, 2026-12-06: Ray lowers a worker's priority to 15 only
+        later), so it preempts the workers already running. Then the worker takes up its actor (laglab's imports,
+        its envs: the rest of ``start_cpu_s``) at the workers' niceness beside every other starting worker, and
+        waits ``start_wait_s`` before its first call. Costs without ``boot_cpu_s`` (calibrated before this split)
+        run the whole start under the limit at the workers' niceness, as the model did then."""
         with starting.request() as turn:
             yield turn
-            left = costs.start_cpu_s
-            while left > 1e-12:
-                piece = min(left, START_SLICE_S)
-                yield from _cpu(env, cpu, piece, 1, None, i)
-                left -= piece
+            if costs.boot_cpu_s > 0:  # (at nice 0, as the learner: Ray sets its workers' niceness after this part)
+                yield from _cpu(env, cpu, costs.boot_cpu_s, 0, None, i)
+            else:  # (costs from before the split: the whole start here, at the workers' niceness)
+                yield from sliced(i, costs.start_cpu_s)
+            if costs.boot_wait_s > 0:
+                yield env.timeout(costs.boot_wait_s)
+        yield from sliced(i, max(0.0, costs.start_cpu_s - (costs.boot_cpu_s or costs.start_cpu_s)))
         if costs.start_wait_s > 0:
             yield env.timeout(costs.start_wait_s)
 
@@ -800,6 +822,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
                             else float("nan")),
         "snapshot_loads": st["fetches"],
         "start_spread_s": (max(firsts) - min(firsts)) if starting is not None and len(firsts) == N else float("nan"),
+        "start_mean_s": float(np.mean(firsts)) if starting is not None and len(firsts) == N else float("nan"),
     }
 
 
@@ -844,9 +867,13 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     (CPU time) with the actors per core (:func:`crowding_fit`); without a growth ``step_cpu_s`` is the median over
     the runs. What is measured as wall time (updates, fragments, inference, waits) comes from the runs with the
     fewest actors per core: among crowded actors it also holds waits for a core, which the model makes itself. Ray
-    runs that measured their workers' start (``ActorStats.start_cpu_s``) split the start-up: ``startup_s`` up to
-    asking Ray for the workers, then ``start_cpu_s`` per worker and ``start_wait_s`` (where every least crowded run
-    has them; else ``startup_s`` runs to the first env step, as for every other runner). All
+    runs that measured their workers' start split the start-up: ``startup_s`` up to asking Ray for the workers,
+    then per worker. With each worker's moments (summary ``startup_actors``, ``ActorStats.boot_cpu_s``): Ray's part
+    of its start (``boot_cpu_s`` of CPU, ``boot_wait_s`` more from its birth to taking up its actor), its whole start
+    CPU (``start_cpu_s``) and from its actor built to its first env step (``start_wait_s``, less the call's round
+    trip). Runs before those moments (only ``ActorStats.start_cpu_s``): ``start_cpu_s`` and the first worker's
+    remaining way to its first env step (``start_wait_s``). Where the least crowded runs do not all have one split,
+    ``startup_s`` runs to the first env step, as for every other runner. All
     runs must be of one runner and one ``actor.envs_per_actor``. Calibrate on a quiet machine: under load every cost grows."""
     import pandas as pd
     import yaml
@@ -937,15 +964,32 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
         if su.get("first_env_step") is not None and origin is not None:
             c["startup_s"] = max(0.0, float(su["first_env_step"]) - float(origin))
         start_cpu = [float(a.get("start_cpu_s", 0.0)) for a in stats.values()]
+        boot_cpu = [float(a.get("boot_cpu_s", 0.0)) for a in stats.values()]
+        slots = s.get("startup_actors") or {}
         if runner == "ray" and su.get("actors_started") is not None and c.get("startup_s") is not None \
                 and start_cpu and min(start_cpu) > 0:  # (runs that measured their workers' start)
-            # Ray starts its workers a few at a time: up to asking for them is start-up; then each worker's start
-            # CPU and a wait: the first worker's way to its first env step, less its start CPU (the median worker's)
-            # and the first call's round trip (the model's own call_s); clamped at 0 (a worker Ray had started
-            # before it was asked for)
-            asked = max(0.0, float(su["actors_started"]) - float(origin))
             cpu0 = float(np.median(start_cpu))
-            c["_start"] = (asked, cpu0, max(0.0, c["startup_s"] - asked - cpu0 - c.get("call_s", 0.0)))
+            asked = max(0.0, float(su["actors_started"]) - float(origin))
+            born, booted, built, first = (slots.get(k) or {} for k in ("born", "booted", "built", "first_env_step"))
+            if min(boot_cpu) > 0 and set(born) == set(booted) == set(built) == set(first) and first:
+                # each worker's moments (startup_actors): up to asking for the workers is start-up; Ray's part of
+                # a worker's start is its CPU up to taking up its actor (boot_cpu_s) and the rest of that part's
+                # time from its birth (boot_wait_s); the rest of its start CPU is in start_cpu_s; from its actor
+                # built to its first env step, less the first call's round trip (the model's own call_s), is
+                # start_wait_s (medians over the workers: a worker Ray started before it was asked for waited)
+                boot = min(cpu0, float(np.median(boot_cpu)))
+                c["_start"] = {
+                    "startup_s": asked, "start_cpu_s": cpu0, "boot_cpu_s": boot,
+                    "boot_wait_s": max(0.0, float(np.median([booted[k] - born[k] for k in first])) - boot),
+                    "start_wait_s": max(0.0, float(np.median([first[k] - built[k] for k in first]))
+                                        - c.get("call_s", 0.0))}
+            else:
+                # runs before the workers' moments: up to asking for the workers is start-up; then each worker's
+                # start CPU and a wait: the first worker's way to its first env step, less its start CPU (the
+                # median worker's) and the first call's round trip; clamped at 0 (a worker Ray had started before
+                # it was asked for)
+                c["_start"] = {"startup_s": asked, "start_cpu_s": cpu0,
+                               "start_wait_s": max(0.0, c["startup_s"] - asked - cpu0 - c.get("call_s", 0.0))}
         costs.append((crowding, c))
         used.append(str(d))
     # every cost measured as wall time (an update, a fragment, an inference, a wait) also holds the waits for a core
@@ -956,9 +1000,10 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     calm_starts = [c.pop("_start", None) for c in calm]  # (not a cost: the start's three figures, below)
     out: Dict[str, object] = {k: float(np.median([c[k] for c in calm if k in c]))
                               for k in dict.fromkeys(k for c in calm for k in c)}
-    if all(s is not None for s in calm_starts):  # (one definition of startup_s: every calm run's)
-        out["startup_s"], out["start_cpu_s"], out["start_wait_s"] = (float(np.median([s[k] for s in calm_starts]))
-                                                                     for k in range(3))
+    # one definition of startup_s for all: the start's split where every calm run has it, and the same split (runs
+    # with and without the workers' births: neither); else startup_s to the first env step, as every runner's
+    if all(s is not None for s in calm_starts) and len({tuple(sorted(s)) for s in calm_starts}) == 1:
+        out.update({k: float(np.median([s[k] for s in calm_starts])) for k in sorted(calm_starts[0])})
     cpu_runs = [c["step_cpu_s"] for _, c in costs if "step_cpu_s" in c]
     if cpu_runs:  # (measured as CPU time where the run measured its actors' processes: every run's counts)
         out["step_cpu_s"] = float(np.median(cpu_runs))

@@ -17,6 +17,10 @@ from typing import Callable, Dict, Optional
 ORDER = ("interpreter", "config", "imports", "learner", "tracker", "actors_started", "first_env_step",
          "first_fragment", "first_update", "all_actors_stepping")
 _marks: Dict[str, float] = {}
+# an actor slot's start (Ray: its worker's process created, Ray's part of its start done as it imports laglab, its
+# actor constructed), each -> actor slot -> monotonic time, with its first env step (FirstSteps)
+ACTOR_START = ("born", "booted", "built")
+_actors: Dict[str, Dict[int, float]] = {}
 _reached = threading.Condition()
 
 
@@ -57,10 +61,15 @@ class FirstSteps:
     def __init__(self, actors: int):
         self.actors, self.at = actors, {}
 
-    def saw(self, actor_id: int, t: float) -> None:
+    def saw(self, actor_id: int, t: float, start: Optional[Dict[str, float]] = None) -> None:
+        """Slot ``actor_id`` took its first env step at ``t``; ``start``, where its runner knows them, holds that
+        life's earlier moments (:data:`ACTOR_START`)."""
         if t <= 0 or actor_id in self.at:
             return
         self.at[actor_id] = t
+        for what, when in {**{k: v for k, v in (start or {}).items() if k in ACTOR_START}, "first_env_step": t}.items():
+            if when > 0:
+                _actors.setdefault(what, {})[actor_id] = when
         mark_min("first_env_step", t)
         if len(self.at) == self.actors:
             mark("all_actors_stepping", max(self.at.values()))
@@ -88,6 +97,7 @@ def reset(keep: tuple = ()) -> None:
     """Forget every mark but those in ``keep`` (each job of a sweep in one process has its own start-up)."""
     for name in [n for n in _marks if n not in keep]:
         del _marks[name]
+    _actors.clear()
 
 
 def startup() -> Dict[str, object]:
@@ -101,3 +111,14 @@ def startup() -> Dict[str, object]:
         if name in _marks:
             out[name] = round(_marks[name] - start, 4)
     return out
+
+
+def actor_starts() -> Dict[str, Dict[str, float]]:
+    """Each actor slot's start, in seconds since the process started as :func:`startup` counts them (its
+    ``origin_monotonic``): ``first_env_step`` per slot and, where the runner reports them (Ray), ``born`` (its
+    worker process created, 10 ms resolution), ``booted`` (Ray's part of the start done: the worker imports
+    laglab to take up its actor) and ``built`` (its actor constructed: imports and envs done). Keys are the slots
+    as strings (JSON's)."""
+    origin = float(startup()["origin_monotonic"])
+    return {what: {str(i): round(t - origin, 4) for i, t in sorted(_actors[what].items())}
+            for what in (*ACTOR_START, "first_env_step") if what in _actors}

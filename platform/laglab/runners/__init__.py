@@ -2,10 +2,16 @@
 actor process loads only what it runs (no torch)."""
 from __future__ import annotations
 
-import importlib
-from typing import Any, Callable, Dict
+import time
 
-from ..config import RunnerKind
+# this process's CPU and monotonic time as it first imports laglab's runners: in a Ray worker, which imports them as
+# it takes up its actor, the end of Ray's own worker start (ActorStats.boot_cpu_s, summary startup_actors.booted)
+BOOT_CPU_S, BOOT_T = time.process_time(), time.monotonic()
+
+import importlib  # noqa: E402
+from typing import Any, Callable, Dict  # noqa: E402
+
+from ..config import RunnerKind  # noqa: E402
 
 
 def get(kind: RunnerKind) -> Callable[..., Dict[str, Any]]:

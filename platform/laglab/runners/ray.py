@@ -335,6 +335,7 @@ class _Runner:
             stats, chaos = ActorStats(**res["stats"]), _counts(res["chaos"])
             first = res.get("first_step_wall")
             first = None if first is None else float(first)
+            start = {str(k): float(v) for k, v in (res.get("start_wall") or {}).items() if v is not None}
         except (KeyError, TypeError, ValueError):
             self.malformed += 1
             return False
@@ -354,8 +355,9 @@ class _Runner:
             self.bytes_in += f.nbytes
             arrive_at_queue(led, self.queue, f, lambda: w.abandoned, lambda f=f: _drop(w.link, f), lambda _: None,
                             self.poll)
-        if first is not None:  # (start-up: each slot's first env step, on the learner's clock)
-            self.first_steps.saw(w.actor_id, time.monotonic() - (time.time() - first))
+        if first is not None:  # (start-up: each slot's first env step and its worker's start, on the learner's clock)
+            here = time.monotonic() - time.time()
+            self.first_steps.saw(w.actor_id, here + first, {k: here + v for k, v in start.items()})
         w.chaos = chaos
         w.killed = bool(res.get("killed"))
         if self.slots[w.actor_id].worker is w:

@@ -20,11 +20,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import BOOT_CPU_S, BOOT_T
 from ..actor import Actor, run_delay_s
 from ..chaos import ChaosChannel, kinds_for
 from ..config import Config
 from ..fragment import Fragment, FragmentId
 from ..inference import SnapshotCodec
+from ..timeline import process_start
 
 ARRAYS = ("obs", "actions", "rewards", "terminated", "truncated", "logp", "values", "trunc_obs", "disc_return",
           "last_obs", "mean", "log_std", "masks", "state", "final_state")
@@ -70,6 +72,11 @@ def stale_check_every(rollout_len: int) -> int:
     up to about ``rollout_len - 2 * every`` steps in: with a fixed 8 a 16-step rollout asked at step 0, looked at
     step 8 and never again, and saw only publications in the round trip after its start."""
     return max(1, min(STALE_CHECK, rollout_len // STALE_LOOKS))
+
+
+def _wall(t: float) -> float:
+    """A moment on this host's monotonic clock as wall time (the learner's host has its own monotonic clock)."""
+    return time.time() - (time.monotonic() - t)
 
 
 class _Poll:
@@ -127,6 +134,9 @@ class RolloutWorker:
         self.hang_next = False
         self.killed = False
         self.cpu0 = time.process_time()  # (the worker's CPU before: Ray's start, imports, envs)
+        born = process_start()  # (on the wall clock: the process's birth, Ray's part of the start done, the actor built)
+        self.start_wall = {"born": None if born is None else _wall(born), "booted": _wall(BOOT_T),
+                           "built": _wall(time.monotonic())}
         self.wait0 = run_delay_s()  # (the thread that runs the calls)
 
     def ready(self) -> Tuple[str, int]:
@@ -164,7 +174,7 @@ class RolloutWorker:
                     "held": held_ids(self.ch.contents()),
                     "episodes": [(e.env_index, e.ret, e.length) for e in ro.episodes],
                     "stats": self._stats(), "chaos": self.chaos_counts(), "killed": False,
-                    "first_step_wall": self._first_step_wall()}
+                    "first_step_wall": self._first_step_wall(), "start_wall": self.start_wall}
         self.in_hand += ro.steps
         ch = self.ch
         self._hang_if_scripted()
@@ -195,12 +205,13 @@ class RolloutWorker:
             "held": held_ids(ch.contents()),
             "episodes": [(e.env_index, e.ret, e.length) for e in ro.episodes],
             "stats": self._stats(), "chaos": self.chaos_counts(), "killed": killed,
-            "first_step_wall": self._first_step_wall(),
+            "first_step_wall": self._first_step_wall(), "start_wall": self.start_wall,
         }
 
     def _stats(self) -> Dict[str, Any]:
         self.actor.stats.cpu_s = time.process_time() - self.cpu0  # the whole worker process, as the process runner
         self.actor.stats.start_cpu_s = self.cpu0
+        self.actor.stats.boot_cpu_s = min(BOOT_CPU_S, self.cpu0)
         self.actor.stats.cpu_wait_s = run_delay_s() - self.wait0
         return asdict(self.actor.stats)
 
@@ -208,7 +219,7 @@ class RolloutWorker:
         """This worker's first env step on the wall clock (the learner's start-up timeline: a worker's monotonic
         clock is its host's, and on a cluster that is not the learner's)."""
         t = self.actor.first_step_t
-        return None if t is None else time.time() - (time.monotonic() - t)
+        return None if t is None else _wall(t)
 
     def _hang_if_scripted(self) -> None:
         """After the rollout that reported its scripted hang, this actor answers no call: the learner's supervisor
