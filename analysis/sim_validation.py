@@ -139,7 +139,7 @@ def _whole_run(g: pd.DataFrame, pred: str) -> Dict[str, object]:
     """Not judged by the goal: the whole run's SPS (summary ``sps``: the start-up and the actors' staggered start
     and finish in it), the spread of the actors' first env steps (from the first to the last) and their mean
     (after asking Ray for the workers), where the set recorded them (the spread from 2026-12-06 18:30 on, the mean
-    from 22:00; a re-prediction has neither)."""
+    from 21:55; re-predictions from 22:45 on)."""
     cols = (f"{pred}_sps_run", "real_sps_run")
     shown = ("start spread", "start mean")
     if not all(c in g and g[c].notna().all() for c in cols):
@@ -199,7 +199,7 @@ def build(d: str | Path) -> str:
            "rate (transitions trained per second over the middle half of the updates, the same rule on both "
            "sides): neither the start-up nor the last actors' finish is in it, and the whole run's `sps` is not "
            "judged here (sets from 2026-12-06 18:30 on show it beside the goal: `run sps err per run`, and the "
-           "spread of the actors' first env steps, first to last, `start spread`, and from 22:00 on their mean after the "
+           "spread of the actors' first env steps, first to last, `start spread`, and from 21:55 on their mean after the "
            "workers were asked for, `start mean`). Few runs per cell (1-3): at 64 process actors the runs of one cell spread up to 9 points "
            "in SPS, so an error within a few points of the goal's edge decides little, and no failure in n runs "
            "bounds a miss rate only loosely (3/n at 95%). "
@@ -229,7 +229,9 @@ def build(d: str | Path) -> str:
                                                        "one run: nothing drawn") + "):", "",
                     _md(r[[c for c in ["runner", "latency", "actors", "runs", "sps pred", "sps real",
                                        "sps err per run", "lag err per run", "p95 diff per run", "cpu wait pred",
-                                       "cpu wait real", "goal", "goal, median"] if not (r[c].dtype.kind == "f" and r[c].isna().all())]]),
+                                       "cpu wait real", "goal", "goal, median", "run sps err per run",
+                                       "start spread pred", "start spread real", "start mean pred",
+                                       "start mean real"] if not (r[c].dtype.kind == "f" and r[c].isna().all())]]),
                     "", worst(r) + ".", ""]
     return "\n".join(out).rstrip() + "\n"
 

@@ -102,9 +102,9 @@ def measure(run_dir: Path) -> Dict[str, float]:
     su = s.get("startup") or {}
     spread = (float(su["all_actors_stepping"]) - float(su["first_env_step"])
               if su.get("all_actors_stepping") is not None and su.get("first_env_step") is not None else float("nan"))
-    firsts = (s.get("startup_actors") or {}).get("first_env_step") or {}  # (each slot's: runs from 2026-12-06 22:00)
+    firsts = (s.get("startup_actors") or {}).get("first_env_step") or {}  # (each slot's: runs from 2026-12-06 21:55 on)
     mean = (float(np.mean([float(t) for t in firsts.values()])) - float(su["actors_started"])
-            if firsts and su.get("actors_started") is not None else float("nan"))
+            if len(firsts) == int(s.get("actors", -1)) and su.get("actors_started") is not None else float("nan"))
     return {"sps": float(s["sps"]), "sps_steady": float(steady), "lag_mean": float(s["lag"]["mean"]),
             "start_spread_s": spread, "start_mean_s": mean,
             "lag_p95": float(s["lag"]["p95"]), "wall_s": float(s["wall_time_s"]),
@@ -209,7 +209,9 @@ def recalibrated(cal_dirs: List[Path], ovs: List[str]) -> tuple[dict, Dict[str, 
 def re_columns(q: Dict[str, float]) -> Dict[str, float]:
     """A re-prediction's columns in the report (``re_*``; ``re_seeds`` the seeds it is the median of)."""
     return {"re_sps": q["sps_steady"], "re_lag_mean": q["lag_mean"], "re_lag_p95": q["lag_p95"],
-            "re_cpu_wait": q.get("actor_cpu_wait_frac", float("nan")), "re_seeds": q.get("seeds", 1)}
+            "re_cpu_wait": q.get("actor_cpu_wait_frac", float("nan")), "re_seeds": q.get("seeds", 1),
+            "re_sps_run": q.get("sps", float("nan")), "re_start_spread": q.get("start_spread_s", float("nan")),
+            "re_start_mean": q.get("start_mean_s", float("nan"))}
 
 
 def run_runner(run_dir: Path) -> str:

@@ -308,10 +308,11 @@ def test_scripted_actor_restart_mid_episode(tmp_path, runner, kind):
         slots = s["startup_actors"]  # each slot's first env step (and on Ray its worker's birth and its actor built)
         assert len(slots["first_env_step"]) == s["actors"]
         assert min(slots["first_env_step"].values()) == pytest.approx(su["first_env_step"], abs=1e-3)
-        if runner == "ray":  # (Ray's part of the start CPU, up to the worker taking up laglab's code, is less)
-            assert all(0 < a["boot_cpu_s"] < a["start_cpu_s"] for a in stepped), s["actors_stats"]
+        if runner == "ray":  # (Ray's part of the start CPU, up to the worker taking up laglab's code, is less; it
+            # holds Ray's own imports, over 0.05 s of CPU: a stamp at the interpreter's start would not)
+            assert all(0.05 < a["boot_cpu_s"] < a["start_cpu_s"] for a in stepped), s["actors_stats"]
             for k in slots["first_env_step"]:
-                assert slots["born"][k] < slots["built"][k] <= slots["first_env_step"][k], slots
+                assert slots["born"][k] < slots["booted"][k] < slots["built"][k] <= slots["first_env_step"][k], slots
 
 
 @pytest.mark.parametrize("runner", ASYNC)

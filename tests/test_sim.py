@@ -213,10 +213,16 @@ def test_command_line_prints_one_json_object_and_refuses_bad_input_in_a_line():
                        (["actor.envs_per_acter=4"], "envs_per_actor"), (["--latency", "lognormal:2"], "lognormal"),
                        (["--latency", "fixed:-2"], "negative support"), (["--cost", "update_s=-1"], "update_s"),
                        (["--cost", "speed=1"], "unknown cost"), (["--cost", "cores=1.9"], "integer"),
+                       (["--cost", "update_s=fast"], "NAME=SECONDS"),
+                       (["--cost", "start_cpu_s=0.5", "--cost", "boot_cpu_s=0.6"], "boot_cpu_s is part of"),
                        (["--latency", "lognormal:1e308,5"], "lognormal latency"),
                        (["--costs", str(ROOT / "pyproject.toml")], "laglab.sim")):
         p = _cli("env=latency", *args)
         assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
+    # the costs given are checked together: a part of the start given before the whole is fine
+    p = _cli("env=latency", "actors=2", "total_env_steps=20000", "runner=ray", "--cost", "boot_cpu_s=0.3", "--cost",
+             "start_cpu_s=0.5", "--json")
+    assert p.returncode == 0 and json.loads(p.stdout)["start_mean_s"] > 0.3, p.stderr
 
 
 def test_the_model_calibrated_on_one_real_run_predicts_another():
@@ -769,7 +775,11 @@ def test_ray_starts_its_own_part_of_a_worker_a_few_at_a_time_and_the_rest_beside
     split = simulate(c, Costs(**{**FREE, "cores": 2, "start_cpu_s": 0.5, "boot_cpu_s": 0.1}), lat, sched="pool")
     assert whole["start_spread_s"] == pytest.approx(1.5, abs=0.02)
     assert split["start_spread_s"] == pytest.approx(0.0, abs=0.02)
+    assert split["start_mean_s"] == pytest.approx(2.0, abs=0.02) and whole["start_mean_s"] == pytest.approx(1.25, abs=0.02)
     assert split["wall_s"] - whole["wall_s"] == pytest.approx(2.0 - 1.25, abs=0.13)
+    # the cores' own run queues (the default) keep the split's order: the last worker no earlier, the mean later
+    cores = simulate(c, Costs(**{**FREE, "cores": 2, "start_cpu_s": 0.5, "boot_cpu_s": 0.1}), lat)
+    assert cores["start_mean_s"] >= 1.9 and cores["start_spread_s"] < 0.5
     # a wait of 0.1 s after each boot (holding Ray's turn) leaves the cores to the rests meanwhile: A boots over
     # 0-0.1 and waits to 0.2, B boots 0.2-0.3 (A's rest gets nothing) and waits to 0.4 (A's gets both cores: 0.3
     # left), C boots 0.4-0.5, then A and B share the cores to 0.6 (0.25 and 0.35 left), D boots 0.6-0.7, A, B, C
@@ -831,21 +841,33 @@ def test_calibration_of_a_ray_run_takes_the_workers_start(tmp_path):
     assert mixed["startup_s"] == pytest.approx(5.5 - 1.0) and "start_cpu_s" not in mixed
     proc = calibrate([run_dir("proc", "process", [0.5, 0.6, 0.7])])
     assert proc["startup_s"] == pytest.approx(5.5 - 1.0) and "start_cpu_s" not in proc
-    # with each worker's birth (startup_actors) and Ray's part of its start CPU (boot_cpu_s): start-up runs to the
-    # first birth, boot_cpu_s is the median Ray part, start_wait_s the median from built to first env step less the
-    # call's round trip
-    d = run_dir("born", "ray", [0.5, 0.6, 0.7])
+    # with each worker's moments (startup_actors) and Ray's part of its start CPU (boot_cpu_s), 5 workers on 2
+    # cores, worker 0 born at ray.init before the workers were asked for (4.0: left out): a worker's turn among
+    # Ray's starting workers ends at the birth of the worker 2 behind it (births 4.0, 4.01, 4.5, 4.52: gaps 0.5,
+    # 0.51), Ray's part of its CPU is 0.3 (the median of workers 1-4) and boot_wait_s the rest of the turn; from the
+    # turn's end to taking up its actor plus from built to the first env step (0.195, 0.135, 0.195, 0.275: median
+    # 0.195), less the call's round trip, is start_wait_s
+    cpus, boots = [0.5, 0.6, 0.7, 0.6, 0.6], [0.2, 0.3, 0.25, 0.3, 0.3]
+    d = run_dir("born", "ray", cpus)
     s = json.loads((d / "summary.json").read_text())
-    for i, boot in enumerate([0.2, 0.3, 0.25]):
+    for i, boot in enumerate(boots):
         s["actors_stats"][str(i)]["boot_cpu_s"] = boot
-    s["startup_actors"] = {"born": {"0": 3.3, "1": 4.2, "2": 4.6}, "booted": {"0": 4.1, "1": 4.7, "2": 5.0},
-                           "built": {"0": 5.2, "1": 5.3, "2": 5.9}, "first_env_step": {"0": 5.5, "1": 5.35, "2": 6.1}}
+    s["provenance"] = {"usable_cpus": 2}
+    s["startup_actors"] = {
+        "born": {"0": 3.3, "1": 4.0, "2": 4.01, "3": 4.5, "4": 4.52},
+        "booted": {"0": 4.1, "1": 4.6, "2": 4.6, "3": 5.1, "4": 5.2},
+        "built": {"0": 5.2, "1": 5.3, "2": 5.4, "3": 5.8, "4": 5.9},
+        "first_env_step": {"0": 5.5, "1": 5.4, "2": 5.45, "3": 5.9, "4": 6.0}}
     (d / "summary.json").write_text(json.dumps(s))
     born = calibrate([d])
     assert born["startup_s"] == pytest.approx(4.0 - 1.0)
-    assert born["start_cpu_s"] == pytest.approx(0.6) and born["boot_cpu_s"] == pytest.approx(0.25)
-    assert born["boot_wait_s"] == pytest.approx(0.5 - 0.25)  # (births to boots 0.8, 0.5, 0.4: the median less CPU)
-    assert born["start_wait_s"] == pytest.approx(0.2 - call)  # (built to first step 0.3, 0.05, 0.2)
-    # the least crowded runs with and without births: no split for any
-    both = calibrate([tmp_path / "ray", d])
-    assert both["startup_s"] == pytest.approx(5.5 - 1.0) and "start_cpu_s" not in both
+    assert born["start_cpu_s"] == pytest.approx(0.6) and born["boot_cpu_s"] == pytest.approx(0.3)
+    assert born["boot_wait_s"] == pytest.approx(0.505 - 0.3)
+    assert born["start_wait_s"] == pytest.approx(0.195 - call)
+    # the least crowded runs with and without the moments: the older split for both
+    old5 = run_dir("old5", "ray", cpus)
+    s5 = json.loads((old5 / "summary.json").read_text())
+    (old5 / "summary.json").write_text(json.dumps({**s5, "provenance": {"usable_cpus": 2}}))
+    both = calibrate([d, old5])
+    assert both["startup_s"] == pytest.approx(4.0 - 1.0) and "boot_cpu_s" not in both
+    assert both["start_wait_s"] == pytest.approx(5.5 - 4.0 - 0.6 - call)

@@ -50,6 +50,23 @@ def test_cell_table_medians_ranges_and_goal():
     assert paired["sps err"] == pytest.approx(0.0)  # per-run errors +10%, -10%, 0: paired, not median(pred)/median(real)
 
 
+def test_the_whole_run_and_the_workers_start_beside_the_goal():
+    # where a set recorded them: the whole run's SPS error per run, and the start's spread and mean (medians over
+    # the cell's runs); a set without the mean shows its spread alone, and one without the whole run neither
+    start = {"pred_sps_run": 110.0, "real_sps_run": 100.0, "pred_start_spread": 1.0, "real_start_spread": 2.0}
+    runs = pd.DataFrame([_run(8, 0, 100, 100, **start, pred_start_mean=3.0, real_start_mean=4.0),
+                         _run(8, 1, 100, 100, **{**start, "pred_sps_run": 95.0}, pred_start_mean=5.0,
+                              real_start_mean=6.0)])
+    t = sv.cell_table(runs).iloc[0]
+    assert t["run sps err per run"] == "-5.0% .. +10.0%"
+    assert (t["start spread pred"], t["start spread real"]) == (1.0, 2.0)
+    assert (t["start mean pred"], t["start mean real"]) == (4.0, 5.0)
+    assert "| 4.00 s | 5.00 s |" in sv._md(sv.cell_table(runs)[["start mean pred", "start mean real"]])
+    older = sv.cell_table(pd.DataFrame([_run(8, 0, 100, 100, **start)])).iloc[0]
+    assert older["start spread pred"] == 1.0 and pd.isna(older["start mean pred"])
+    assert pd.isna(sv.cell_table(pd.DataFrame([_run(8, 0, 100, 100)])).iloc[0]["start mean real"])
+
+
 def test_re_prediction_columns_are_their_own_table():
     runs = pd.DataFrame([_run(8, 0, 150, 100, re_sps=103.0, re_lag_mean=1.0, re_lag_p95=2.0)])
     assert not sv.cell_table(runs).iloc[0]["goal"]

@@ -28,18 +28,24 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   (loading the newest snapshot first, as above); a receiver takes each answer, puts its fragments in the queue
   (waiting where ``block`` says) and issues that actor's next call. Ray's per-call costs are ``call_s`` (the
   board's round trip, a wait), ``call_cpu_s`` (what the board and Ray's own processes compute for it, on a core),
-  the actor's CPU and the learner's ``fragment_s`` as calibrated from a Ray run. Ray starts its workers at nice 15
-  (``worker_niceness``), so the learner preempts them as it does the process runner's actors. The board's round
+  the actor's CPU and the learner's ``fragment_s`` as calibrated from a Ray run. Ray's workers run at nice 15
+  (``worker_niceness``, set once Ray's part of their start is done), so the learner preempts them as it does the
+  process runner's actors. The board's round
   trip is drawn per call from an exponential of mean ``call_s``: an assumption, chosen (2026-12-06) because a
   constant put workers of one latency in lockstep (mean lag +19% / +36% against real runs at 12 / 10 workers); the
   real per-call times vary less (a coefficient of variation of 0.4-0.85 in those runs, the exponential's is 1) and
   grow with the worker count (means of 3.8 ms at 6 workers, 9.3 at 18, 15 at 24: actors.parquet's snapshot_s over
   updates where one call completed), which the model does not have (``call_s`` is the least crowded run's). An actor
   waiting for its next call counts as throttled (``actor_throttle_frac``). Ray starts its workers a few at a time
-  (its raylet: as many as the machine has CPUs; each costs ``start_cpu_s`` of CPU, then ``start_wait_s``, then its
-  first call): ``start_spread_s`` is the model's time from the first worker's first env step to the last's (a run's
-  summary: ``startup.all_actors_stepping - startup.first_env_step``; NaN where the model has no start: the process
-  runner, or costs without ``start_cpu_s`` / ``start_wait_s``), and the whole run's ``sps`` counts it. Not
+  (its raylet: as many as the machine has CPUs, each until it registers; Ray's part of a start, ``boot_cpu_s`` and
+  ``boot_wait_s``, at nice 0; then the rest of ``start_cpu_s`` beside the other starting workers, then
+  ``start_wait_s``, then its first call: :func:`simulate`'s ``ray_start``): ``start_spread_s`` is the model's time
+  from the first worker's first env step to the last's (a run's summary: ``startup.all_actors_stepping -
+  startup.first_env_step``) and ``start_mean_s`` the workers' mean first env step after they were asked for (a
+  run's ``startup_actors.first_env_step`` less ``startup.actors_started``); both NaN where the model has no start
+  (the process runner, or costs without ``start_cpu_s`` / ``start_wait_s``), and the whole run's ``sps`` counts it.
+  Not modelled: workers Ray started before they were asked for (its prestarted workers: as many as the instance
+  has CPUs, at ``ray.init``; with ``runner.cpus_per_actor=1``, one per actor). Not
   modelled: the answer's trip back and the board's update after a publication (about 3 ms each, median, at 2
   workers: a temporary trace, 2026-12-06), and the receiver thread sharing the learner's GIL.
 * **The learner**: takes fragments one at a time (``Costs.fragment_s`` each: receiving, admission, books,
@@ -110,11 +116,12 @@ class Costs:
                             # start_wait_s): to asking Ray for the workers (startup.actors_started)
     start_cpu_s: float = 0.0  # runner=ray: CPU a worker process spends before its first call (Ray's worker start,
                               # imports, envs: ActorStats.start_cpu_s)
-    boot_cpu_s: float = 0.0  # runner=ray: the part of start_cpu_s that is Ray's own worker start (up to registering
-                             # with its raylet: ActorStats.boot_cpu_s), which Ray runs as many at a time as it has
-                             # CPUs; the rest (laglab's imports, the envs) runs beside it. 0: the whole start so
-    boot_wait_s: float = 0.0  # runner=ray: the wait in Ray's part of a worker's start (its raylet's and GCS's round
-                              # trips: from its birth to taking up its actor, less boot_cpu_s)
+    boot_cpu_s: float = 0.0  # runner=ray: the part of start_cpu_s that is Ray's own worker start (up to taking up
+                             # its actor: ActorStats.boot_cpu_s), run as many at a time as Ray has CPUs, at nice 0;
+                             # the rest (laglab's imports, the envs) runs beside it at the workers' niceness. 0: no
+                             # split (the whole start under the limit, at the workers' niceness: costs before it)
+    boot_wait_s: float = 0.0  # runner=ray: the rest of a worker's turn among Ray's starting workers beyond boot_cpu_s
+                              # (its turn ends as it registers: the births of the workers after it, cores later)
     start_wait_s: float = 0.0  # runner=ray: a worker's wait after that CPU until its first call (holds no core)
     cores: float = 2.0  # CPUs shared by the learner and the actors
 
@@ -623,29 +630,30 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             return newest
         return version
 
-    def sliced(i: int, seconds: float):
-        """CPU at the workers' niceness in slices that take turns with the running workers on a core, as the
-        kernel's time slices do."""
+    def sliced(i: int, seconds: float, priority: int = 1):
+        """CPU in slices that take turns with the other tasks of its priority on a core, as the kernel's time
+        slices do (priority 1: the workers' niceness; 0: the learner's)."""
         while seconds > 1e-12:
             piece = min(seconds, START_SLICE_S)
-            yield from _cpu(env, cpu, piece, 1, None, i)
+            yield from _cpu(env, cpu, piece, priority, None, i)
             seconds -= piece
 
     def ray_start(i: int):
-        """A Ray worker's start, in two parts. Ray's own (``boot_cpu_s`` of CPU and a wait of ``boot_wait_s``, up to
-        the worker registering with its raylet and taking up its actor) runs ``cores`` workers at a time: the
-        raylet's ``maximum_startup_concurrency``, the smaller of the machine's CPUs and the instance's, which
-        laglab's local instance makes at least the machine's (on a cluster, per node, which the model does not
-        know). This part runs at nice 0 (a trace of a start, 2026-12-06: Ray lowers a worker's priority to 15 only
-        later), so it preempts the workers already running. Then the worker takes up its actor (laglab's imports,
-        its envs: the rest of ``start_cpu_s``) at the workers' niceness beside every other starting worker, and
-        waits ``start_wait_s`` before its first call. Costs without ``boot_cpu_s`` (calibrated before this split)
-        run the whole start under the limit at the workers' niceness, as the model did then."""
+        """A Ray worker's start, in two parts. Ray's own runs ``cores`` workers at a time, each until it registers
+        with the raylet (the raylet's ``maximum_startup_concurrency``, the smaller of the machine's CPUs and the
+        instance's, which laglab's local instance makes at least the machine's; on a cluster, per node, which the
+        model does not know): ``boot_cpu_s`` of CPU and ``boot_wait_s`` more, at nice 0 (a trace of a start,
+        2026-12-06: Ray lowers a worker's priority to 15 only later), so it takes turns with the learner and
+        preempts the workers already running. Then the worker takes up its actor (laglab's imports, its envs: the
+        rest of ``start_cpu_s``) at the workers' niceness beside every other starting worker, and waits
+        ``start_wait_s`` (the GCS handing it its actor, the learner's first call) before its first call. Costs
+        without ``boot_cpu_s`` (calibrated before this split) run the whole start under the limit at the workers'
+        niceness, as the model did then."""
         with starting.request() as turn:
             yield turn
-            if costs.boot_cpu_s > 0:  # (at nice 0, as the learner: Ray sets its workers' niceness after this part)
-                yield from _cpu(env, cpu, costs.boot_cpu_s, 0, None, i)
-            else:  # (costs from before the split: the whole start here, at the workers' niceness)
+            if costs.boot_cpu_s > 0:
+                yield from sliced(i, costs.boot_cpu_s, priority=0)
+            else:  # (costs from before the split: the whole start here)
                 yield from sliced(i, costs.start_cpu_s)
             if costs.boot_wait_s > 0:
                 yield env.timeout(costs.boot_wait_s)
@@ -964,32 +972,40 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
         if su.get("first_env_step") is not None and origin is not None:
             c["startup_s"] = max(0.0, float(su["first_env_step"]) - float(origin))
         start_cpu = [float(a.get("start_cpu_s", 0.0)) for a in stats.values()]
-        boot_cpu = [float(a.get("boot_cpu_s", 0.0)) for a in stats.values()]
         slots = s.get("startup_actors") or {}
         if runner == "ray" and su.get("actors_started") is not None and c.get("startup_s") is not None \
                 and start_cpu and min(start_cpu) > 0:  # (runs that measured their workers' start)
             cpu0 = float(np.median(start_cpu))
             asked = max(0.0, float(su["actors_started"]) - float(origin))
-            born, booted, built, first = (slots.get(k) or {} for k in ("born", "booted", "built", "first_env_step"))
-            if min(boot_cpu) > 0 and set(born) == set(booted) == set(built) == set(first) and first:
-                # each worker's moments (startup_actors): up to asking for the workers is start-up; Ray's part of
-                # a worker's start is its CPU up to taking up its actor (boot_cpu_s) and the rest of that part's
-                # time from its birth (boot_wait_s); the rest of its start CPU is in start_cpu_s; from its actor
-                # built to its first env step, less the first call's round trip (the model's own call_s), is
-                # start_wait_s (medians over the workers: a worker Ray started before it was asked for waited)
-                boot = min(cpu0, float(np.median(boot_cpu)))
-                c["_start"] = {
-                    "startup_s": asked, "start_cpu_s": cpu0, "boot_cpu_s": boot,
-                    "boot_wait_s": max(0.0, float(np.median([booted[k] - born[k] for k in first])) - boot),
-                    "start_wait_s": max(0.0, float(np.median([first[k] - built[k] for k in first]))
-                                        - c.get("call_s", 0.0))}
-            else:
-                # runs before the workers' moments: up to asking for the workers is start-up; then each worker's
-                # start CPU and a wait: the first worker's way to its first env step, less its start CPU (the
-                # median worker's) and the first call's round trip; clamped at 0 (a worker Ray had started before
-                # it was asked for)
-                c["_start"] = {"startup_s": asked, "start_cpu_s": cpu0,
+            born, booted, built, first = ({int(k): float(t) for k, t in (slots.get(w) or {}).items()}
+                                          for w in ("born", "booted", "built", "first_env_step"))
+            # (workers Ray started before they were asked for, at ray.init, waited for an actor: left out)
+            fresh = [k for k in first if k in born and k in booted and k in built and k in stats
+                     and born[k] >= float(su["actors_started"]) - 0.1]  # (the mark now precedes the asking; in
+            # runs before 2026-12-06 22:10 it followed it, the first births up to 30 ms before it; prestarted
+            # workers are born at ray.init, here 0.9 s before)
+            # runs before the workers' moments (and each run, for a calibration that mixes them): up to asking for
+            # the workers is start-up; then each worker's start CPU and a wait: the first worker's way to its first
+            # env step, less its start CPU (the median worker's) and the first call's round trip; clamped at 0 (a
+            # worker Ray had started before it was asked for)
+            c["_start_old"] = {"startup_s": asked, "start_cpu_s": cpu0,
                                "start_wait_s": max(0.0, c["startup_s"] - asked - cpu0 - c.get("call_s", 0.0))}
+            if fresh and all(stats[k].get("boot_cpu_s", 0.0) > 0 for k in fresh):
+                # each worker's moments (startup_actors): up to asking for the workers is start-up; a worker's turn
+                # among Ray's starting workers ends as it registers, when the worker cores behind it is born (the
+                # median of those gaps; with too few workers, its own birth to taking up its actor): boot_cpu_s of
+                # CPU (Ray's part, up to taking up its actor) and boot_wait_s more; its start CPU is start_cpu_s;
+                # from its turn's end to taking up its actor, and from its actor built to its first env step, less
+                # the first call's round trip (the model's own call_s), is start_wait_s (medians over the workers)
+                births = sorted(born[k] for k in fresh)
+                gaps = [b - a for a, b in zip(births, births[int(cores):])]
+                turn = float(np.median(gaps if gaps else [booted[k] - born[k] for k in fresh]))
+                boot = float(np.median([stats[k]["boot_cpu_s"] for k in fresh]))
+                c["_start"] = {
+                    "startup_s": asked, "start_cpu_s": cpu0, "boot_cpu_s": min(boot, cpu0),
+                    "boot_wait_s": max(0.0, turn - boot),
+                    "start_wait_s": max(0.0, float(np.median([booted[k] - born[k] - turn + first[k] - built[k]
+                                                              for k in fresh])) - c.get("call_s", 0.0))}
         costs.append((crowding, c))
         used.append(str(d))
     # every cost measured as wall time (an update, a fragment, an inference, a wait) also holds the waits for a core
@@ -997,13 +1013,16 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     # as CPU time, is a line over every run (crowding_s), and the other processes' a slope over every call rate
     least = min(x for x, _ in costs)
     calm = [c for x, c in costs if x == least]
-    calm_starts = [c.pop("_start", None) for c in calm]  # (not a cost: the start's three figures, below)
+    newer = [c.pop("_start", None) for c in calm]  # (not costs: the start's figures, below)
+    older = [c.pop("_start_old", None) for c in calm]
     out: Dict[str, object] = {k: float(np.median([c[k] for c in calm if k in c]))
                               for k in dict.fromkeys(k for c in calm for k in c)}
-    # one definition of startup_s for all: the start's split where every calm run has it, and the same split (runs
-    # with and without the workers' births: neither); else startup_s to the first env step, as every runner's
-    if all(s is not None for s in calm_starts) and len({tuple(sorted(s)) for s in calm_starts}) == 1:
-        out.update({k: float(np.median([s[k] for s in calm_starts])) for k in sorted(calm_starts[0])})
+    # one definition of startup_s for all: the split with the workers' moments where every calm run has them, else
+    # the older split where every calm run has that; else startup_s to the first env step, as every runner's
+    for starts in (newer, older):
+        if all(s is not None for s in starts):
+            out.update({k: float(np.median([s[k] for s in starts])) for k in sorted(starts[0])})
+            break
     cpu_runs = [c["step_cpu_s"] for _, c in costs if "step_cpu_s" in c]
     if cpu_runs:  # (measured as CPU time where the run measured its actors' processes: every run's counts)
         out["step_cpu_s"] = float(np.median(cpu_runs))
@@ -1123,12 +1142,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         costs = Costs()
         if args.costs:
             costs = Costs.from_dict(json.loads(Path(args.costs).read_text()))
-        for kv in args.cost:
+        given = dataclasses.asdict(costs)
+        for kv in args.cost:  # (checked together: boot_cpu_s is part of start_cpu_s whichever is given first)
             k, _, v = kv.partition("=")
             try:
-                costs = Costs.from_dict({**dataclasses.asdict(costs), k: float(v)})
-            except ValueError as e:
-                raise SimError(f"--cost {kv}: {e}") from None
+                given[k] = float(v)
+            except ValueError:
+                raise SimError(f"--cost {kv}: NAME=SECONDS expected, e.g. --cost update_s=0.012") from None
+        costs = Costs.from_dict(given) if args.cost else costs
         latency = Latency.parse(args.latency) if args.latency else None
         cfg = compose(args.overrides)
         out = simulate(cfg, costs, latency, seed=args.seed, sched=args.sched)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 
-# this process's CPU and monotonic time as it first imports laglab's runners: in a Ray worker, which imports them as
-# it takes up its actor, the end of Ray's own worker start (ActorStats.boot_cpu_s, summary startup_actors.booted)
+# this process's CPU and monotonic time as it first imports laglab's runners. Read only in a Ray worker, which
+# imports them as it takes up its actor (after registering with its raylet and being handed the actor): the end of
+# Ray's own part of its start (ActorStats.boot_cpu_s, summary startup_actors.booted); every other process sets them
+# unread
 BOOT_CPU_S, BOOT_T = time.process_time(), time.monotonic()
 
 import importlib  # noqa: E402

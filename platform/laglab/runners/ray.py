@@ -335,7 +335,10 @@ class _Runner:
             stats, chaos = ActorStats(**res["stats"]), _counts(res["chaos"])
             first = res.get("first_step_wall")
             first = None if first is None else float(first)
-            start = {str(k): float(v) for k, v in (res.get("start_wall") or {}).items() if v is not None}
+            start = res.get("start_wall") or {}
+            if not isinstance(start, dict):
+                raise TypeError("start_wall")
+            start = {str(k): float(v) for k, v in start.items()}
         except (KeyError, TypeError, ValueError):
             self.malformed += 1
             return False
@@ -564,9 +567,9 @@ class _Runner:
 
     def run(self) -> Dict[str, Any]:
         self.publish(self.learner.snapshot())
+        timeline.mark("actors_started")  # (asking for them: Ray starts them in the background as they are asked for)
         for slot in self.slots:
             self.start(slot)
-        timeline.mark("actors_started")  # (asked for: Ray starts them in the background)
         receiver = threading.Thread(target=self.receive, name="laglab-ray-receiver", daemon=True)
         receiver.start()
         try:

@@ -134,15 +134,14 @@ class RolloutWorker:
         self.hang_next = False
         self.killed = False
         self.cpu0 = time.process_time()  # (the worker's CPU before: Ray's start, imports, envs)
-        born = process_start()  # (on the wall clock: the process's birth, Ray's part of the start done, the actor built)
-        self.start_wall = {"born": None if born is None else _wall(born), "booted": _wall(BOOT_T),
-                           "built": _wall(time.monotonic())}
+        born = process_start()  # (the process's birth, Ray's part of the start done, the actor built: monotonic)
+        self.start_t = {"born": born, "booted": BOOT_T, "built": time.monotonic()}
         self.wait0 = run_delay_s()  # (the thread that runs the calls)
 
     def ready(self) -> Tuple[str, int]:
         """Answers once the worker is constructed (its env made): the learner's start-up check. Returns the
-        id of the Ray node it runs on and the worker's niceness (Ray starts its workers at 15: the learner, at 0,
-        preempts them where they share its cores)."""
+        id of the Ray node it runs on and the worker's niceness (Ray runs its workers at 15 once its part of their
+        start is done: the learner, at 0, preempts them where they share its cores)."""
         import os
 
         import ray
@@ -168,13 +167,8 @@ class RolloutWorker:
         ro = self.actor.collect(newest=_Poll(board, version), check_every=stale_check_every(self.cfg.actor.rollout_len))
         self.produced += ro.steps
         if not ro.fragments:  # stale mid-rollout: produced and thrown away (the learner books it as "refresh")
-            return {"inc": self.inc, "produced": self.produced, "in_hand": self.in_hand, "steps": ro.steps,
-                    "discarded": ro.discarded, "padding": ro.padding, "skipped": np.array(ro.skipped, np.int64).reshape(-1, 2),
-                    "sent": np.zeros((0, 2), np.int64), "fragments": [],
-                    "held": held_ids(self.ch.contents()),
-                    "episodes": [(e.env_index, e.ret, e.length) for e in ro.episodes],
-                    "stats": self._stats(), "chaos": self.chaos_counts(), "killed": False,
-                    "first_step_wall": self._first_step_wall(), "start_wall": self.start_wall}
+            return self._report(ro.steps, self.ch.contents(), episodes=ro.episodes, discarded=ro.discarded,
+                                padding=ro.padding, skipped=np.array(ro.skipped, np.int64).reshape(-1, 2))
         self.in_hand += ro.steps
         ch = self.ch
         self._hang_if_scripted()
@@ -198,20 +192,25 @@ class RolloutWorker:
             # what the link holds back dies with the process (the learner finds it lost from the watermarks)
             ch.counts.lost_held_steps = sum({(f.id.env_index, f.id.t_start): f.length for f, _ in ch.held}.values())
         out, ch.outbox = ch.outbox, []
-        return {
-            "inc": self.inc, "produced": self.produced, "in_hand": self.in_hand, "steps": ro.steps,
-            "sent": np.array(sent, np.int64).reshape(-1, 2),
-            "fragments": [to_wire(f) for f in out],
-            "held": held_ids(ch.contents()),
-            "episodes": [(e.env_index, e.ret, e.length) for e in ro.episodes],
-            "stats": self._stats(), "chaos": self.chaos_counts(), "killed": killed,
-            "first_step_wall": self._first_step_wall(), "start_wall": self.start_wall,
-        }
+        return self._report(ro.steps, ch.contents(), sent, out, ro.episodes, killed)
+
+    def _report(self, steps: int, held: Sequence[Fragment], sent: Sequence[Tuple[int, int]] = (),
+                fragments: Sequence[Fragment] = (), episodes: Sequence[Any] = (), killed: bool = False,
+                **rest: Any) -> Dict[str, Any]:
+        """An answer to the learner (see the module doc): the worker's books, what it sent into its link and what
+        left it, what the link holds, its finished episodes, stats, chaos counts and start-up moments; ``rest``
+        adds a stale rollout's discarded steps."""
+        return {"inc": self.inc, "produced": self.produced, "in_hand": self.in_hand, "steps": steps,
+                "sent": np.array(sent, np.int64).reshape(-1, 2), "fragments": [to_wire(f) for f in fragments],
+                "held": held_ids(held), "episodes": [(e.env_index, e.ret, e.length) for e in episodes],
+                "stats": self._stats(), "chaos": self.chaos_counts(), "killed": killed,
+                "first_step_wall": self._first_step_wall(),
+                "start_wall": {k: _wall(t) for k, t in self.start_t.items() if t is not None}, **rest}
 
     def _stats(self) -> Dict[str, Any]:
         self.actor.stats.cpu_s = time.process_time() - self.cpu0  # the whole worker process, as the process runner
         self.actor.stats.start_cpu_s = self.cpu0
-        self.actor.stats.boot_cpu_s = min(BOOT_CPU_S, self.cpu0)
+        self.actor.stats.boot_cpu_s = BOOT_CPU_S
         self.actor.stats.cpu_wait_s = run_delay_s() - self.wait0
         return asdict(self.actor.stats)
 
@@ -234,10 +233,7 @@ class RolloutWorker:
         self._hang_if_scripted()  # (also when the budget ran out as it reported its scripted hang)
         self.ch.flush()
         out, self.ch.outbox = self.ch.outbox, []
-        return {"inc": self.inc, "produced": self.produced, "in_hand": self.in_hand, "steps": 0,
-                "sent": np.zeros((0, 2), np.int64), "fragments": [to_wire(f) for f in out],
-                "held": held_ids([]), "episodes": [], "stats": self._stats(),
-                "chaos": self.chaos_counts(), "killed": False}
+        return self._report(0, [], fragments=out)
 
     def chaos_counts(self) -> Dict[str, Any]:
         c = self.ch.counts
