@@ -44,8 +44,8 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   startup.first_env_step``) and ``start_mean_s`` the workers' mean first env step after they were asked for (a
   run's ``startup_actors.first_env_step`` less ``startup.actors_started``); both NaN where the model has no start
   (the process runner, or costs without ``start_cpu_s`` / ``start_wait_s``), and the whole run's ``sps`` counts it.
-  Not modelled: workers Ray started before they were asked for (its prestarted workers: as many as the instance
-  has CPUs, at ``ray.init``; with ``runner.cpus_per_actor=1``, one per actor). Not
+  Not modelled: workers Ray started before they were asked for (at ``ray.init``: in runs here the snapshot board
+  took one and the first actor another, also at ``runner.cpus_per_actor=1`` with 16 workers). Not
   modelled: the answer's trip back and the board's update after a publication (about 3 ms each, median, at 2
   workers: a temporary trace, 2026-12-06), and the receiver thread sharing the learner's GIL.
 * **The learner**: takes fragments one at a time (``Costs.fragment_s`` each: receiving, admission, books,
