@@ -876,12 +876,15 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     the runs. What is measured as wall time (updates, fragments, inference, waits) comes from the runs with the
     fewest actors per core: among crowded actors it also holds waits for a core, which the model makes itself. Ray
     runs that measured their workers' start split the start-up: ``startup_s`` up to asking Ray for the workers,
-    then per worker. With each worker's moments (summary ``startup_actors``, ``ActorStats.boot_cpu_s``): Ray's part
-    of its start (``boot_cpu_s`` of CPU, ``boot_wait_s`` more from its birth to taking up its actor), its whole start
-    CPU (``start_cpu_s``) and from its actor built to its first env step (``start_wait_s``, less the call's round
-    trip). Runs before those moments (only ``ActorStats.start_cpu_s``): ``start_cpu_s`` and the first worker's
-    remaining way to its first env step (``start_wait_s``). Where the least crowded runs do not all have one split,
-    ``startup_s`` runs to the first env step, as for every other runner. All
+    then per worker. With each worker's moments (summary ``startup_actors``, ``ActorStats.boot_cpu_s``; workers
+    Ray started at ``ray.init`` left out): Ray's part of its start CPU (``boot_cpu_s``), the rest of its turn among
+    Ray's starting workers, which ends as it registers (``boot_wait_s``: the births of the workers ``cores`` behind
+    it tell), its whole start CPU (``start_cpu_s``), and its waits from registering to taking up its actor and from
+    its actor built to its first env step (``start_wait_s``, less the call's round trip). Runs before those moments
+    (only ``ActorStats.start_cpu_s``): ``start_cpu_s`` and the first worker's remaining way to its first env step
+    (``start_wait_s``). The least crowded runs give one split for all: the one with the moments where every one has
+    them, else the older one where every one has that, else none (``startup_s`` to the first env step, as for every
+    other runner). All
     runs must be of one runner and one ``actor.envs_per_actor``. Calibrate on a quiet machine: under load every cost grows."""
     import pandas as pd
     import yaml
