@@ -789,6 +789,22 @@ def test_ray_starts_its_own_part_of_a_worker_a_few_at_a_time_and_the_rest_beside
     assert waited["start_spread_s"] == pytest.approx(2.1 - 1.667, abs=0.03)
     with pytest.raises(SimError, match="boot_cpu_s is part of costs.start_cpu_s: 0 to 0.5"):
         Costs(**{**FREE, "start_cpu_s": 0.5, "boot_cpu_s": 0.6}).check()
+    with pytest.raises(SimError, match="prestarted is a count of workers"):
+        Costs(**{**FREE, "prestarted": 0.5}).check()
+
+
+def test_a_worker_ray_started_before_it_was_asked_for_only_takes_up_its_actor():
+    # 2 workers on 2 cores, 0.1 s of Ray's part in 0.5 s of start: both start from nothing and step at 0.5 s (a mean
+    # of 0.5, no spread); with the first prestarted (Ray's part done at ray.init), it takes up its actor at once
+    # on one core while the other boots there for 0.1 s: it steps at 0.4 s, the other at 0.5 (a mean of 0.45)
+    c = cfg("actors=2", "actor.max_lead_steps=null", "total_env_steps=40960", "runner=ray",
+            "runner.cpus_per_actor=1", "actor.envs_per_actor=1")
+    lat = Latency("fixed", per_actor_ms=[2.0])
+    start = {**FREE, "cores": 2, "start_cpu_s": 0.5, "boot_cpu_s": 0.1}
+    none = simulate(c, Costs(**start), lat, sched="pool")
+    one = simulate(c, Costs(**start, prestarted=1), lat, sched="pool")
+    assert none["start_mean_s"] == pytest.approx(0.5, abs=0.01) and none["start_spread_s"] == pytest.approx(0, abs=0.01)
+    assert one["start_mean_s"] == pytest.approx(0.45, abs=0.01) and one["start_spread_s"] == pytest.approx(0.1, abs=0.01)
 
 
 def test_a_starting_ray_worker_takes_turns_with_the_running_ones_on_its_core():
@@ -862,7 +878,7 @@ def test_calibration_of_a_ray_run_takes_the_workers_start(tmp_path):
     born = calibrate([d])
     assert born["startup_s"] == pytest.approx(4.0 - 1.0)
     assert born["start_cpu_s"] == pytest.approx(0.6) and born["boot_cpu_s"] == pytest.approx(0.3)
-    assert born["boot_wait_s"] == pytest.approx(0.505 - 0.3)
+    assert born["boot_wait_s"] == pytest.approx(0.505 - 0.3) and born["prestarted"] == 1
     assert born["start_wait_s"] == pytest.approx(0.195 - call)
     # the least crowded runs with and without the moments: the older split for both
     old5 = run_dir("old5", "ray", cpus)

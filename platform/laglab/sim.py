@@ -44,8 +44,9 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   startup.first_env_step``) and ``start_mean_s`` the workers' mean first env step after they were asked for (a
   run's ``startup_actors.first_env_step`` less ``startup.actors_started``); both NaN where the model has no start
   (the process runner, or costs without ``start_cpu_s`` / ``start_wait_s``), and the whole run's ``sps`` counts it.
-  Not modelled: workers Ray started before they were asked for (at ``ray.init``: in runs here the snapshot board
-  took one and the first actor another, also at ``runner.cpus_per_actor=1`` with 16 workers). Not
+  Workers Ray started before they were asked for (at ``ray.init``: in runs here the snapshot board took one and
+  the first actor another, also at ``runner.cpus_per_actor=1`` with 16 workers) are ``prestarted``: they only take
+  up their actors. Not
   modelled: the answer's trip back and the board's update after a publication (about 3 ms each, median, at 2
   workers: a temporary trace, 2026-12-06), and the receiver thread sharing the learner's GIL.
 * **The learner**: takes fragments one at a time (``Costs.fragment_s`` each: receiving, admission, books,
@@ -123,6 +124,9 @@ class Costs:
     boot_wait_s: float = 0.0  # runner=ray: the rest of a worker's turn among Ray's starting workers beyond boot_cpu_s
                               # (its turn ends as it registers: the births of the workers after it, cores later)
     start_wait_s: float = 0.0  # runner=ray: a worker's wait after that CPU until its first call (holds no core)
+    prestarted: float = 0.0  # runner=ray: how many of the workers Ray had started before they were asked for (at
+                             # ray.init; the snapshot board takes another): their own part done, they take up their
+                             # actors at once (the calibration runs' workers born before startup.actors_started)
     cores: float = 2.0  # CPUs shared by the learner and the actors
 
     def check(self) -> None:
@@ -137,6 +141,8 @@ class Costs:
         if self.boot_cpu_s > self.start_cpu_s:
             raise SimError(f"costs.boot_cpu_s is part of costs.start_cpu_s: 0 to {self.start_cpu_s!r}, got "
                            f"{self.boot_cpu_s!r}")
+        if self.prestarted != int(self.prestarted):
+            raise SimError(f"costs.prestarted is a count of workers: an integer >= 0, got {self.prestarted!r}")
         if self.cores < 1 or self.cores != int(self.cores):
             raise SimError(f"costs.cores must be an integer >= 1, got {self.cores!r}")
 
@@ -646,9 +652,15 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
         2026-12-06: Ray lowers a worker's priority to 15 only later), so it takes turns with the learner and
         preempts the workers already running. Then the worker takes up its actor (laglab's imports, its envs: the
         rest of ``start_cpu_s``) at the workers' niceness beside every other starting worker, and waits
-        ``start_wait_s`` (the GCS handing it its actor, the learner's first call) before its first call. Costs
+        ``start_wait_s`` (the GCS handing it its actor, the learner's first call) before its first call. The first
+        ``prestarted`` workers were started by Ray before they were asked for: they only take up their actors. Costs
         without ``boot_cpu_s`` (calibrated before this split) run the whole start under the limit at the workers'
         niceness, as the model did then."""
+        if i < costs.prestarted:  # (started by Ray before it was asked for: only its actor to take up)
+            yield from sliced(i, max(0.0, costs.start_cpu_s - (costs.boot_cpu_s or costs.start_cpu_s)))
+            if costs.start_wait_s > 0:
+                yield env.timeout(costs.start_wait_s)
+            return
         with starting.request() as turn:
             yield turn
             if costs.boot_cpu_s > 0:
@@ -1006,6 +1018,7 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
                 boot = float(np.median([stats[k]["boot_cpu_s"] for k in fresh]))
                 c["_start"] = {
                     "startup_s": asked, "start_cpu_s": cpu0, "boot_cpu_s": min(boot, cpu0),
+                    "prestarted": float(sum(1 for k in first if k in born and k not in fresh)),
                     "boot_wait_s": max(0.0, turn - boot),
                     "start_wait_s": max(0.0, float(np.median([booted[k] - born[k] - turn + first[k] - built[k]
                                                               for k in fresh])) - c.get("call_s", 0.0))}
@@ -1025,6 +1038,8 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     for starts in (newer, older):
         if all(s is not None for s in starts):
             out.update({k: float(np.median([s[k] for s in starts])) for k in sorted(starts[0])})
+            if "prestarted" in out:  # (a count: the median of two runs may fall between)
+                out["prestarted"] = float(math.floor(out["prestarted"]))
             break
     cpu_runs = [c["step_cpu_s"] for _, c in costs if "step_cpu_s" in c]
     if cpu_runs:  # (measured as CPU time where the run measured its actors' processes: every run's counts)
