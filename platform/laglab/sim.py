@@ -656,19 +656,15 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
         ``prestarted`` workers were started by Ray before they were asked for: they only take up their actors. Costs
         without ``boot_cpu_s`` (calibrated before this split) run the whole start under the limit at the workers'
         niceness, as the model did then."""
-        if i < costs.prestarted:  # (started by Ray before it was asked for: only its actor to take up)
-            yield from sliced(i, max(0.0, costs.start_cpu_s - (costs.boot_cpu_s or costs.start_cpu_s)))
-            if costs.start_wait_s > 0:
-                yield env.timeout(costs.start_wait_s)
-            return
-        with starting.request() as turn:
-            yield turn
-            if costs.boot_cpu_s > 0:
-                yield from sliced(i, costs.boot_cpu_s, priority=0)
-            else:  # (costs from before the split: the whole start here)
-                yield from sliced(i, costs.start_cpu_s)
-            if costs.boot_wait_s > 0:
-                yield env.timeout(costs.boot_wait_s)
+        if i >= costs.prestarted:  # (a worker Ray started before it was asked for has only its actor to take up)
+            with starting.request() as turn:
+                yield turn
+                if costs.boot_cpu_s > 0:
+                    yield from sliced(i, costs.boot_cpu_s, priority=0)
+                else:  # (costs from before the split: the whole start here)
+                    yield from sliced(i, costs.start_cpu_s)
+                if costs.boot_wait_s > 0:
+                    yield env.timeout(costs.boot_wait_s)
         yield from sliced(i, max(0.0, costs.start_cpu_s - (costs.boot_cpu_s or costs.start_cpu_s)))
         if costs.start_wait_s > 0:
             yield env.timeout(costs.start_wait_s)
