@@ -119,6 +119,7 @@ def cell_table(runs: pd.DataFrame, pred: str = "pred") -> pd.DataFrame:
                      "lag err": mid_lag,
                      "lag err per run": _range(lag_err), "p95 diff per run": _range(p95, pct=False),
                      "cpu wait pred": _median(g, f"{pred}_cpu_wait"), "cpu wait real": _median(g, "real_cpu_wait"),
+                     "call ms pred": _median(g, f"{pred}_call_ms"), "call ms real": _median(g, "real_call_ms"),
                      "cpu us/step": float(np.median(g["real_cpu_us"])),
                      "cal cpu us/step": float(np.median(g["cal_cpu_us"])) if g["cal_cpu_us"].notna().any()
                      else float("nan"),
@@ -171,7 +172,7 @@ def _md(df: pd.DataFrame) -> str:
 SHOWN = ["runner", "latency", "actors", "runs", "sps pred", "sps real", "sps err", "sps err per run", "lag pred",
          "lag real", "lag err", "lag err per run", "p95 diff per run", "cpu wait pred", "cpu wait real", "cpu us/step",
          "cal cpu us/step", "goal", "goal, median", "run sps err per run", "start spread pred", "start spread real",
-         "start mean pred", "start mean real"]
+         "start mean pred", "start mean real", "call ms pred", "call ms real"]
 
 
 def worst(t: pd.DataFrame) -> str:
@@ -200,7 +201,8 @@ def build(d: str | Path) -> str:
            "sides): neither the start-up nor the last actors' finish is in it, and the whole run's `sps` is not "
            "judged here (sets from 2026-12-06 18:30 on show it beside the goal: `run sps err per run`, and the "
            "spread of the actors' first env steps, first to last, `start spread`, and from 21:55 on their mean after the "
-           "workers were asked for, `start mean`). Few runs per cell (1-3): at 64 process actors the runs of one cell spread up to 9 points "
+           "workers were asked for, `start mean`; from 2026-12-07 on a Ray call's mean way from asking the snapshot "
+           "board to its first env step, `call ms`, over the middle half). Few runs per cell (1-3): at 64 process actors the runs of one cell spread up to 9 points "
            "in SPS, so an error within a few points of the goal's edge decides little, and no failure in n runs "
            "bounds a miss rate only loosely (3/n at 95%). "
            "A `Re-predicted` table is a later model on the same calibrations: where the set was looked at while that "
@@ -231,7 +233,7 @@ def build(d: str | Path) -> str:
                                        "sps err per run", "lag err per run", "p95 diff per run", "cpu wait pred",
                                        "cpu wait real", "goal", "goal, median", "run sps err per run",
                                        "start spread pred", "start spread real", "start mean pred",
-                                       "start mean real"] if not (r[c].dtype.kind == "f" and r[c].isna().all())]]),
+                                       "start mean real", "call ms pred", "call ms real"] if not (r[c].dtype.kind == "f" and r[c].isna().all())]]),
                     "", worst(r) + ".", ""]
     return "\n".join(out).rstrip() + "\n"
 

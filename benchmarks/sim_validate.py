@@ -109,7 +109,18 @@ def measure(run_dir: Path) -> Dict[str, float]:
             "start_spread_s": spread, "start_mean_s": mean,
             "lag_p95": float(s["lag"]["p95"]), "wall_s": float(s["wall_time_s"]),
             "cpu_us": 1e6 * sum(x.get("cpu_s", 0.0) for x in a) / steps if steps else float("nan"),
-            "cpu_wait_frac": steady_cpu_wait(run_dir, m)}
+            "cpu_wait_frac": steady_cpu_wait(run_dir, m), "call_s": steady_call(run_dir, m)}
+
+
+def steady_call(run_dir: Path, m: pd.DataFrame) -> float:
+    """Ray: a call's mean way from the worker's asking the snapshot board to its first env step (actors.parquet
+    ``snapshot_s`` per ``rollouts``) over the middle half of the updates, as the model's ``call_s_mean``; NaN for
+    other runners and where an actor started, ended or restarted inside it."""
+    steady = steady_actor_deltas(run_dir, m, ["snapshot_s", "rollouts"])
+    if steady is None or run_runner(run_dir) != "ray":
+        return float("nan")
+    d = steady[0].sum()
+    return float(d["snapshot_s"] / d["rollouts"]) if d["rollouts"] > 0 else float("nan")
 
 
 def steady_cpu_wait(run_dir: Path, m: pd.DataFrame) -> float:
@@ -154,7 +165,7 @@ def predict(ovs: List[str], costs: Path | dict, seeds: int = SEEDS) -> Dict[str,
     drawn = draws(cfg, c)
     outs = [simulate(cfg, c, seed=s) for s in range(seeds if drawn else 1)]
     keys = ("sps", "sps_steady", "lag_mean", "lag_p95", "actor_cpu_wait_frac", "learner_utilization", "start_spread_s",
-            "start_mean_s")
+            "start_mean_s", "call_s_mean")
     out = {**outs[0], **{k: float(np.median([o[k] for o in outs])) for k in keys}}
     out.update({"seeds": len(outs), "lag_mean_min": min(o["lag_mean"] for o in outs),
                 "lag_mean_max": max(o["lag_mean"] for o in outs)})
@@ -211,7 +222,7 @@ def re_columns(q: Dict[str, float]) -> Dict[str, float]:
     return {"re_sps": q["sps_steady"], "re_lag_mean": q["lag_mean"], "re_lag_p95": q["lag_p95"],
             "re_cpu_wait": q.get("actor_cpu_wait_frac", float("nan")), "re_seeds": q.get("seeds", 1),
             "re_sps_run": q.get("sps", float("nan")), "re_start_spread": q.get("start_spread_s", float("nan")),
-            "re_start_mean": q.get("start_mean_s", float("nan"))}
+            "re_start_mean": q.get("start_mean_s", float("nan")), "re_call_ms": 1e3 * q.get("call_s_mean", float("nan"))}
 
 
 def run_runner(run_dir: Path) -> str:
@@ -251,6 +262,8 @@ def records_of(out: Path, cells, preds, reals, dirs, every: str, counts: List[in
                    "real_start_spread": x.get("start_spread_s", float("nan")),
                    "pred_start_mean": p.get("start_mean_s", float("nan")),
                    "real_start_mean": x.get("start_mean_s", float("nan")),
+                   "pred_call_ms": 1e3 * p.get("call_s_mean", float("nan")),
+                   "real_call_ms": 1e3 * x.get("call_s", float("nan")),
                    "real_cpu_us": x["cpu_us"], "pred_cpu_wait": p.get("actor_cpu_wait_frac", float("nan")),
                    "real_cpu_wait": x.get("cpu_wait_frac", float("nan")),
                    "cal_cpu_us": float(np.median([measure(c)["cpu_us"] for c in cal])),

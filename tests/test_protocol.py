@@ -311,6 +311,8 @@ def test_scripted_actor_restart_mid_episode(tmp_path, runner, kind):
         if runner == "ray":  # (Ray's part of the start CPU, up to the worker taking up laglab's code, is less; it
             # holds Ray's own imports, over 0.05 s of CPU: a stamp at the interpreter's start would not)
             assert all(0.05 < a["boot_cpu_s"] < a["start_cpu_s"] for a in stepped), s["actors_stats"]
+            board = t["queue"]["board"]  # the snapshot board answered each call at most once (laglab.sim's
+            assert 0 < board["answers"] <= t["queue"]["calls"] and board["cpu_s"] > 0, board  # board_cpu_s)
             for k in slots["first_env_step"]:
                 assert slots["born"][k] < slots["booted"][k] < slots["built"][k] <= slots["first_env_step"][k], slots
 

@@ -327,6 +327,25 @@ def test_a_ray_actor_waits_for_the_board_at_every_call():
     assert out["sps_steady"] == pytest.approx(4 * E * T / (E * T * 2e-3 + 0.064), rel=0.02)
 
 
+def test_the_snapshot_board_answers_one_call_at_a_time():
+    # every actor and the learner on a core of its own, no env wait, no CPU but the board's: one process answering
+    # calls one at a time, k each, so calls run at 1 / k a second and the run at E T / k steps a second, however
+    # many actors ask; one actor alone waits k + call_s per call (its round trip: call_s_mean)
+    k = 4e-3
+    lat = Latency("fixed", per_actor_ms=[0.0])
+    c = cfg("actors=16", "actor.max_lead_steps=null", "runner=ray")
+    E, T = c.actor.envs_per_actor, c.actor.rollout_len
+    out = simulate(c, Costs(**{**FREE, "board_cpu_s": k}), lat)
+    assert out["sps_steady"] == pytest.approx(E * T / k, rel=0.03)
+    assert out["call_s_mean"] > 8 * k  # (16 actors queue for it: each waits for most of the others' answers)
+    one = simulate(cfg("actors=1", "actor.max_lead_steps=null", "runner=ray"),
+                   Costs(**{**FREE, "board_cpu_s": k, "call_s": 0.002, "infer_s": 1e-4}), lat, seed=3)
+    assert one["call_s_mean"] == pytest.approx(k + 0.002, rel=0.15)  # (the rest of the trip: exponential draws)
+    # the same CPU per call beside the calls (call_cpu_s: Ray's processes, on free cores) holds no actor up
+    free = simulate(c, Costs(**{**FREE, "call_cpu_s": k}), lat)
+    assert free["sps_steady"] > 10 * out["sps_steady"]
+
+
 @pytest.mark.parametrize("actors", [8, 16])
 def test_ray_workers_at_one_latency_do_not_step_in_lockstep(actors):
     # the board's round trip varies per call (drawn around call_s): workers of one fixed latency drift apart, so a
@@ -473,6 +492,22 @@ def test_calibration_takes_the_other_processes_cpu_per_call_from_two_call_rates(
     a.loc[a["update"] >= 5, "cpu_s"] -= 0.5
     a.to_parquet(d / "actors.parquet")
     assert "call_cpu_s" not in calibrate([d])
+    # where the runs measured the snapshot board (0.5 ms of CPU per answer), its part is board_cpu_s: on the
+    # call's way (call_s is the rest of the round trip) and out of what the other processes compute beside it
+    for name, rate in (("slow", 10), ("fast", 40)):
+        s = json.loads((tmp_path / name / "summary.json").read_text())
+        s["transport"] = {"queue": {"board": {"answers": rate * 8, "cpu_s": 0.5e-3 * rate * 8}}}
+        (tmp_path / name / "summary.json").write_text(json.dumps(s))
+    both = calibrate([tmp_path / "slow", tmp_path / "fast"])
+    assert both["board_cpu_s"] == pytest.approx(0.5e-3)
+    assert both["call_cpu_s"] == pytest.approx(1.5e-3)
+    assert both["call_s"] == pytest.approx((0.1 / 80 + 0.1 / 320) / 2 - 0.5e-3)  # (both are least crowded)
+    s = json.loads((tmp_path / "fast" / "summary.json").read_text())
+    del s["transport"]["queue"]["board"]  # (a run from before the board's figures: none is split for any)
+    (tmp_path / "fast" / "summary.json").write_text(json.dumps(s))
+    mixed = calibrate([tmp_path / "slow", tmp_path / "fast"])
+    assert "board_cpu_s" not in mixed and mixed["call_cpu_s"] == pytest.approx(2e-3)
+    assert mixed["call_s"] == pytest.approx((0.1 / 80 + 0.1 / 320) / 2)
 
 
 def test_calibration_takes_what_it_measures_as_wall_time_from_the_least_crowded_runs(tmp_path):
@@ -508,6 +543,7 @@ def test_calibration_takes_what_it_measures_as_wall_time_from_the_least_crowded_
     slope = 30e-6 / (18 / cores)  # the whole CPU per env step: 60 us at 6 actors, 90 at 24
     assert out["crowding_s"] == pytest.approx(slope)
     assert out["step_cpu_s"] == pytest.approx(60e-6 - slope * 6 / cores - 30e-6)  # (the line at none, less inference)
+    assert out["calibrated_actors_per_core"] == [6 / cores, 24 / cores]  # (past it, a prediction says so)
     with pytest.raises(SimError, match="envs_per_actor"):  # (inference is per batch of envs: one E per calibration)
         calibrate([tmp_path / "a6_e4", run_dir(8, 0.1e-3, 120e-6, 60e-6, envs=8)])
     # the cores are those the runs could use (their provenance's usable_cpus: affinity capped by a cgroup quota),
@@ -728,6 +764,26 @@ def test_the_command_line_takes_the_scheduler(capsys):
     pool = json.loads(capsys.readouterr().out)
     assert 0 < cores["idle_while_queued_frac"] and pool["idle_while_queued_frac"] == 0.0
     assert cores["sps_steady"] != pool["sps_steady"] and math.isnan(pool["wake_moved_frac"] or math.nan)
+
+
+def test_a_prediction_past_the_calibrated_density_says_so(tmp_path, capsys):
+    # calibration runs at 3 and 12 actors per core (as --calibrate records them): 24 actors on 2 cores is within,
+    # 32 is past (the costs grew faster there than the line fitted below it); a core per actor crowds none
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps({**FREE, "cores": 2, "step_cpu_s": 8e-5, "calibrated_from": ["a", "b"],
+                                 "calibrated_actors_per_core": [3.0, 12.0]}))
+    def args(*more):
+        return ["env=latency", "total_env_steps=20000", *more, "--costs", str(costs), "--json"]
+
+    assert main(args("actors=24")) == 0
+    within = capsys.readouterr()
+    assert json.loads(within.out)["beyond_calibration"] is None and "warning" not in within.err
+    assert main(args("actors=32")) == 0
+    past = capsys.readouterr()
+    assert "16 actors per core, beyond the calibration runs' 12" in json.loads(past.out)["beyond_calibration"]
+    assert "warning" in past.err and "calibrate with a run at about 32 actors" in past.err
+    assert main(args("actors=32") + ["--cost", "cores=33"]) == 0
+    assert json.loads(capsys.readouterr().out)["beyond_calibration"] is None
 
 
 def test_ray_starts_as_many_workers_at_a_time_as_it_has_cpus():

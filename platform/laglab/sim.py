@@ -26,9 +26,13 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   ``runner.max_inflight`` outstanding per actor and only while the actor's lead allows (counting the calls in
   flight), each reserving its rollout from the budget when issued; an actor runs its calls one after another
   (loading the newest snapshot first, as above); a receiver takes each answer, puts its fragments in the queue
-  (waiting where ``block`` says) and issues that actor's next call. Ray's per-call costs are ``call_s`` (the
-  board's round trip, a wait), ``call_cpu_s`` (what the board and Ray's own processes compute for it, on a core),
-  the actor's CPU and the learner's ``fragment_s`` as calibrated from a Ray run. Ray's workers run at nice 15
+  (waiting where ``block`` says) and issues that actor's next call. Ray's per-call costs are the snapshot board's
+  answer (``board_cpu_s`` on a core: the board is one process, at the workers' niceness, answering the calls one at
+  a time, so calls queue for it as the workers grow: at 2 ms an answer it answers at most 500 calls a second), the
+  rest of the round trip (``call_s``, a wait), ``call_cpu_s`` (what Ray's own processes compute for it, on a core,
+  beside the call), the actor's CPU and the learner's ``fragment_s`` as calibrated from a Ray run; ``call_s_mean``
+  is a call's mean way from the asking to its first env step (a run's actors.parquet ``snapshot_s`` per
+  ``rollouts``). Ray's workers run at nice 15
   (``worker_niceness``, set once Ray's part of their start is done), so the learner preempts them as it does the
   process runner's actors. The board's round
   trip is drawn per call from an exponential of mean ``call_s``: an assumption, chosen (2026-12-06) because a
@@ -90,6 +94,9 @@ class SimError(ValueError):
     """A cost, distribution or setting the model cannot take (the message names it and the allowed range)."""
 
 
+META = ("calibrated_from", "calibrated_actors_per_core", "notes")  # (a costs file's facts about itself, not costs)
+
+
 @dataclass
 class Costs:
     """What each piece of work costs, in seconds (calibrate with :func:`calibrate` from real runs)."""
@@ -106,8 +113,12 @@ class Costs:
                              # scheduler, Ray's per-worker threads); fitted by --calibrate over runs at two counts
     call_s: float = 0.0  # runner=ray: an actor's wait per call for the snapshot board's answer and the snapshot
                          # (a round trip through Ray: holds no core)
-    call_cpu_s: float = 0.0  # runner=ray: CPU per call outside the actors and the learner (the snapshot board's
-                             # answer, Ray's raylet and GCS): held on a core, beside the actor's wait
+    call_cpu_s: float = 0.0  # runner=ray: CPU per call outside the actors, the learner and the board (Ray's raylet
+                             # and GCS; the board's too in costs without board_cpu_s): held on a core, beside the
+                             # actor's wait
+    board_cpu_s: float = 0.0  # runner=ray: the snapshot board's CPU per answer (summary transport.queue.board): one
+                              # process at the workers' niceness answering the calls one at a time; a call waits
+                              # for its answer (call_s is the rest of its round trip)
     wake_move_p: float = 0.16  # the cores: the chance that a task waking to find its core busy and another idle
                                # moves to the idle one (else it queues on its own): a fact of the kernel, measured
                                # with benchmarks/sched_trace.py: an effective parameter (this VM: 0.07-0.21 in six
@@ -151,7 +162,7 @@ class Costs:
         if not isinstance(d, dict):
             raise SimError(f"costs must be a JSON object of name: seconds (as --calibrate prints), got {type(d).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known - {"calibrated_from", "notes"})
+        unknown = sorted(set(d) - known - set(META))
         if unknown:
             raise SimError(f"unknown cost {unknown[0]!r}; known: {', '.join(sorted(known))}")
         vals = {}
@@ -436,7 +447,8 @@ def _cpu(env, cpu, seconds: float, priority: int, waited: Optional[List[float]] 
     """Hold a core for ``seconds`` of work; a preempted actor resumes the rest later. ``waited[0]`` adds up the
     time spent runnable without a core (queued, or preempted and queued again), as the kernel's run delay does.
     ``cpu`` None: a core of its own, always free (no queue, no preemption: just the time); a :class:`_Cores`:
-    per-core run queues, ``who`` the task (an actor's index, "learner", ("call", i)); else one shared pool."""
+    per-core run queues, ``who`` the task (an actor's index, "learner", "board", ("call", i)); else one shared
+    pool."""
     import simpy
 
     if cpu is None:
@@ -445,7 +457,8 @@ def _cpu(env, cpu, seconds: float, priority: int, waited: Optional[List[float]] 
         return
     if isinstance(cpu, _Cores):
         if seconds > 1e-12:
-            first = 1 + (who if isinstance(who, int) else who[1]) if who != "learner" else 0  # (actor i: core i+1)
+            first = 1 + (who if isinstance(who, int) else who[1]) if not isinstance(who, str) else 0  # (actor i:
+            # core i+1; the learner and the board: core 0)
             yield from cpu.run(seconds, priority, waited, who, first)
         return
     left = seconds
@@ -510,9 +523,12 @@ def draws(cfg: Config, costs: Costs, latency: Optional[Latency] = None, sched: s
 def own_cores(cfg: Config, costs: Costs) -> bool:
     """A core for the learner and one for each actor, and no Ray per-call CPU beside them (how many of those run at
     once depends on the timing): nothing ever queues for a core."""
-    return costs.cores >= cfg.actors + 1 and not (cfg.runner.name.value == "ray" and costs.call_cpu_s > 0)
+    ray = cfg.runner.name.value == "ray"
+    board = 1 if ray and costs.board_cpu_s > 0 else 0  # (the board: one process, a core of its own)
+    return costs.cores >= cfg.actors + 1 + board and not (ray and costs.call_cpu_s > 0)
 
 
+NICE_WEIGHTS = {0: 1024, 15: 36}  # the kernel's CFS weights of those niceness levels (sched_prio_to_weight)
 START_SLICE_S = 0.004  # a Ray worker's start CPU is served in slices of this (the kernel's tick: time slices at
                        # the workers' niceness are a few ms), so the running workers on its core take turns with it
 
@@ -576,6 +592,8 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     held = [False] * N  # ray: actor i has no call and the throttle gives it none (as a paused process actor)
     answers = simpy.Store(env) if ray else None
     firsts: List[float] = []  # ray: each worker's first env step
+    call_times: List[float] = []  # ray: each call's way from the actor's asking to its first env step
+    board = simpy.Resource(env, capacity=1) if ray else None  # ray: the snapshot board answers one call at a time
     starting = None  # ray: the workers' start (Ray's raylet starts as many at a time as the machine has CPUs)
     if ray and (costs.start_cpu_s > 0 or costs.start_wait_s > 0):
         starting = simpy.Resource(env, capacity=int(costs.cores))
@@ -638,11 +656,19 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
 
     def sliced(i: int, seconds: float, priority: int = 1):
         """CPU in slices that take turns with the other tasks of its priority on a core, as the kernel's time
-        slices do (priority 1: the workers' niceness; 0: the learner's)."""
+        slices do (priority 1: the workers' niceness; 0: the learner's). At priority 0 (Ray's part of a start, at
+        nice 0) each slice is followed by the share the kernel's weights leave the workers waiting on its core:
+        nice 0 against nice 15 is 1024 : 36 (sched_prio_to_weight), so with k of them waiting it gives up 36 k /
+        1024 of its slice (seven: a fifth of the core) rather than holding them off outright."""
         while seconds > 1e-12:
             piece = min(seconds, START_SLICE_S)
             yield from _cpu(env, cpu, piece, priority, None, i)
             seconds -= piece
+            if priority == 0 and isinstance(cpu, _Cores) and seconds > 1e-12:
+                c = cpu.home.get(i)
+                waiting = sum(1 for item in cpu.q[c] if item[0] >= 1) if c is not None else 0
+                if waiting:
+                    yield env.timeout(piece * NICE_WEIGHTS[15] * waiting / NICE_WEIGHTS[0])
 
     def ray_start(i: int):
         """A Ray worker's start, in two parts. Ray's own runs ``cores`` workers at a time, each until it registers
@@ -679,11 +705,17 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             st["throttle_s"] += env.now - t0  # (idle: no call from the learner)
             if token == "stop":
                 break
-            if costs.call_cpu_s > 0:  # (the board and Ray's own processes compute for the call, on a core)
+            t_call = env.now
+            if costs.call_cpu_s > 0:  # (Ray's own processes compute for the call, on a core, beside it)
                 env.process(_cpu(env, cpu, costs.call_cpu_s, 1, None, ("call", i)))
-            if costs.call_s > 0:  # (asking the board: the newest version as the answer arrives)
+            if costs.board_cpu_s > 0:  # (the board answers one call at a time, at the workers' niceness)
+                with board.request() as turn:
+                    yield turn
+                    yield from _cpu(env, cpu, costs.board_cpu_s, 1, None, "board")
+            if costs.call_s > 0:  # (the rest of the round trip: the newest version as the answer arrives)
                 yield env.timeout(call_rng.exponential(costs.call_s))
             version = yield from refresh(i, version)
+            call_times.append(env.now - t_call)
             if not stepped:
                 stepped = True
                 firsts.append(env.now)  # (its first env step comes next)
@@ -837,6 +869,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
         "wake_moved_frac": (cpu.placed[1] / cpu.placed[0] if isinstance(cpu, _Cores) and cpu.placed[0]
                             else float("nan")),
         "snapshot_loads": st["fetches"],
+        "call_s_mean": float(np.mean(call_times)) if call_times else float("nan"),
         "start_spread_s": (max(firsts) - min(firsts)) if starting is not None and len(firsts) == N else float("nan"),
         "start_mean_s": float(np.mean(firsts)) if starting is not None and len(firsts) == N else float("nan"),
     }
@@ -875,7 +908,8 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     loads per env step (env code, bookkeeping, sends, polls: what makes many actors contend for cores), and the
     latency env's ``step_wait_s`` is what its steps took beyond the latency and their own CPU (``env_cpu_s``).
     Ray runs: each call's round trip to the snapshot board is ``call_s`` (a wait; the decoding CPU is in
-    ``cpu_s``) and, where the run logged the machine's CPU (metrics ``cpu/machine_busy_s``: a local instance),
+    ``cpu_s``), less the board's CPU per answer where every least crowded run measured it (summary
+    ``transport.queue.board``: ``board_cpu_s``, also taken out of ``call_cpu_s``) and, where the run logged the machine's CPU (metrics ``cpu/machine_busy_s``: a local instance),
     ``call_cpu_s`` is what every other process computed per call over the middle half of the updates (Ray's raylet,
     GCS and snapshot board; the slope over runs whose call rates are >= 1.5x apart, else the median ratio; a rough
     figure: on this VM /proc/stat reads 5-9% below the processes' own CPU clocks, which moves it by as much as it
@@ -958,6 +992,9 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
                 calls = sum(a.get("rollouts", 0) for a in stats.values())  # CPU is in the actor's cpu_s
                 c["call_s"] = fetch / max(calls, 1)
                 c["fetch_s"] = 0.0
+                board = ((s.get("transport") or {}).get("queue") or {}).get("board") or {}
+                if board.get("answers"):  # the board's CPU per answer: its part of the round trip, on a core
+                    c["_board"] = float(board["cpu_s"]) / float(board["answers"])
                 fetch = 0.0
                 o = others_over_steady(d, m)
                 if o is not None:
@@ -1027,6 +1064,10 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     calm = [c for x, c in costs if x == least]
     newer = [c.pop("_start", None) for c in calm]  # (not costs: the start's figures, below)
     older = [c.pop("_start_old", None) for c in calm]
+    boards = [c.pop("_board", None) for _, c in costs]  # (every run's: none is a cost of its own)
+    calm_boards = [b for (x, _), b in zip(costs, boards) if x == least]
+    board = (float(np.median(calm_boards)) if calm_boards and all(b is not None for b in calm_boards)
+             else None)  # the board's CPU per answer, where every calm run measured it (runs from 2026-12-07 on)
     out: Dict[str, object] = {k: float(np.median([c[k] for c in calm if k in c]))
                               for k in dict.fromkeys(k for c in calm for k in c)}
     # one definition of startup_s for all: the split with the workers' moments where every calm run has them, else
@@ -1037,6 +1078,9 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
             if "prestarted" in out:  # (a count: the median of two runs may fall between)
                 out["prestarted"] = float(math.floor(out["prestarted"]))
             break
+    if board is not None and "call_s" in out:  # the board's answer, on a core, is part of the call's round trip
+        out["board_cpu_s"] = board
+        out["call_s"] = max(0.0, float(out["call_s"]) - board)
     cpu_runs = [c["step_cpu_s"] for _, c in costs if "step_cpu_s" in c]
     if cpu_runs:  # (measured as CPU time where the run measured its actors' processes: every run's counts)
         out["step_cpu_s"] = float(np.median(cpu_runs))
@@ -1051,10 +1095,27 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
             per_call = float(np.polyfit(rate, busy, 1)[0])
         else:  # (one rate, or repeats of one count: their slope would be noise)
             per_call = float(np.median(busy / rate))
-        out["call_cpu_s"] = max(0.0, per_call)
+        out["call_cpu_s"] = max(0.0, per_call - (board or 0.0))  # (the board's own CPU is board_cpu_s)
     out["cores"] = cores
     out["calibrated_from"] = used
+    out["calibrated_actors_per_core"] = [min(x for x, _ in costs), max(x for x, _ in costs)]
     return out
+
+
+def beyond_calibration(cfg: Config, costs: Costs, calibrated: Optional[Sequence[float]]) -> Optional[str]:
+    """A warning where ``cfg`` crowds more actors on a core than any calibration run did (``calibrated``: a costs
+    file's ``calibrated_actors_per_core``, [least, most]): the actors' CPU per step is a line fitted below that
+    density, and the costs grew faster past it in runs here (32 Ray workers on 2 cores against calibrations at 6
+    and 24: every CPU cost 10-15% above the line's, SPS predicted 12-18% high). None within the range, with a core
+    per actor, or without the range (costs from before 2026-12-07, or set by hand)."""
+    if not calibrated or own_cores(cfg, costs):
+        return None
+    density, most = cfg.actors / costs.cores, float(calibrated[-1])
+    if density <= most * 1.05:
+        return None
+    return (f"{cfg.actors} actors on {costs.cores:g} cores is {density:.3g} actors per core, beyond the calibration "
+            f"runs' {most:.3g}: costs past a calibrated density grow faster than the model's line (runs here: SPS "
+            f"predicted 12-18% high at 1.33x it); calibrate with a run at about {cfg.actors} actors")
 
 
 def steady_actor_deltas(run_dir: Path, m, cols: Sequence[str]):
@@ -1153,9 +1214,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 Path(args.out).write_text(text + "\n")
             print(text)
             return 0
-        costs = Costs()
+        costs, calibrated = Costs(), None
         if args.costs:
-            costs = Costs.from_dict(json.loads(Path(args.costs).read_text()))
+            given_file = json.loads(Path(args.costs).read_text())
+            costs = Costs.from_dict(given_file)
+            calibrated = given_file.get("calibrated_actors_per_core")
         given = dataclasses.asdict(costs)
         for kv in args.cost:  # (checked together: boot_cpu_s is part of start_cpu_s whichever is given first)
             k, _, v = kv.partition("=")
@@ -1167,9 +1230,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         latency = Latency.parse(args.latency) if args.latency else None
         cfg = compose(args.overrides)
         out = simulate(cfg, costs, latency, seed=args.seed, sched=args.sched)
+        beyond = beyond_calibration(cfg, costs, calibrated)
     except (SimError, ConfigError, FileNotFoundError, json.JSONDecodeError, KeyError) as e:
         print(f"laglab.sim: {e}", file=sys.stderr)
         return 2
+    if beyond:
+        print(f"laglab.sim: warning: {beyond}", file=sys.stderr)
+    out["beyond_calibration"] = beyond
     if args.json:  # strict JSON: a figure that does not exist (no update, no lag) is null
         print(json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}))
         return 0

@@ -237,6 +237,7 @@ class _Runner:
         self.chaos = ChaosCounts()
         self.malformed = 0
         self.calls = 0
+        self.board_work: Optional[Dict[str, float]] = None  # (the snapshot board's answers and CPU, read at the end)
         self.receive_s = 0.0  # the receiver's own time (answers, books, the queue, next calls), net of a full queue
         self.bytes_in = 0
         self.hangs_detected = 0
@@ -523,6 +524,14 @@ class _Runner:
         except Exception:  # noqa: BLE001 - already gone
             pass
 
+    def ask_board_work(self) -> Optional[Dict[str, float]]:
+        """The snapshot board's answers and CPU (``SnapshotBoard.work``), or None where it cannot say within 5 s (a
+        board restarting, a stopped instance): a figure for the books, never a reason to fail the run."""
+        try:
+            return dict(self.ray.get(self.board.work.remote(), timeout=5.0))
+        except Exception:  # noqa: BLE001
+            return None
+
     def drain(self, deadline_s: float = 10.0) -> None:
         """The run is over (or interrupted), the receiver has stopped: take what is still owed and finished
         within ``deadline_s`` in all (the queue is closed, so arrivals are booked as dropped at shutdown), each
@@ -590,6 +599,7 @@ class _Runner:
                 else:
                     self.drain()
             finally:
+                self.board_work = self.ask_board_work()
                 for w in self.workers:
                     self.kill(w)
                 try:
@@ -603,7 +613,7 @@ class _Runner:
                       "blocked_s": self.queue.stats.blocked_s, "capacity": self.queue.capacity,
                       "max_bytes_bound": self.queue.max_bytes, "malformed_results": self.malformed,
                       "calls": self.calls, "bytes_received": self.bytes_in,
-                      "ray_nodes": sorted(self.nodes)}
+                      "ray_nodes": sorted(self.nodes), "board": self.board_work}
         out = self.driver.summary(bal, self.intensity.total, chaos, {"queue": queue_info})
         out.update({"actor_stats": self.actor_stats(), "env_steps": self.budget.used})
         return out

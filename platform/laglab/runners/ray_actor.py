@@ -103,20 +103,32 @@ class _Poll:
 
 
 class SnapshotBoard:
-    """The newest snapshot's version and object-store reference (a Ray actor next to the learner)."""
+    """The newest snapshot's version and object-store reference (a Ray actor next to the learner). It counts the
+    questions it answers and its process's CPU from the first snapshot on (its own start before that is not the
+    answers'): what one answer costs (``work``; laglab.sim's ``board_cpu_s``)."""
 
     def __init__(self):
         self.version, self.box = -1, None
+        self.answers, self.cpu0 = 0, None
 
     def set(self, version: int, box: List[Any]) -> None:
+        if self.cpu0 is None:
+            self.cpu0 = time.process_time()
         self.version, self.box = version, box
 
     def newest_version(self) -> int:
+        self.answers += 1
         return self.version
 
     def newest(self, known: int) -> Tuple[int, Optional[List[Any]]]:
         """(version, [reference]) or (version, None) when the caller has that version already."""
+        self.answers += 1
         return self.version, (None if known == self.version else self.box)
+
+    def work(self) -> Dict[str, float]:
+        """The questions answered and the process's CPU since the first snapshot (this life's: a restarted board
+        counts from its own first snapshot)."""
+        return {"answers": self.answers, "cpu_s": time.process_time() - self.cpu0 if self.cpu0 is not None else 0.0}
 
 
 class RolloutWorker:
