@@ -943,3 +943,31 @@ def test_calibration_of_a_ray_run_takes_the_workers_start(tmp_path):
     both = calibrate([d, old5])
     assert both["startup_s"] == pytest.approx(4.0 - 1.0) and "boot_cpu_s" not in both
     assert both["start_wait_s"] == pytest.approx(5.5 - 4.0 - 0.6 - call)
+    # a crowd of 10 workers on 2 cores whose starts past Ray's part take 0.5 s of CPU each (the 5 above: 0.3, the
+    # median of workers 1-4): that part as a line in actors per core, 0.3 at 2.5 and 0.5 at 5, is 0.1 + 0.08 x
+    # actors per core: start_crowding_s 0.08, start_cpu_s Ray's part (the least crowded run's 0.3) + 0.1
+    crowd = run_dir("crowd", "ray", [0.8] * 10)
+    sc = json.loads((crowd / "summary.json").read_text())
+    for a in sc["actors_stats"].values():
+        a["boot_cpu_s"] = 0.3
+    sc["provenance"] = {"usable_cpus": 2}
+    sc["startup_actors"] = {w: {str(i): t + 0.5 * i for i in range(10)} for w, t in
+                            (("born", 4.0), ("booted", 4.5), ("built", 5.0), ("first_env_step", 5.1))}
+    (crowd / "summary.json").write_text(json.dumps(sc))
+    grown = calibrate([d, crowd])
+    assert grown["start_crowding_s"] == pytest.approx(0.08)
+    assert grown["start_cpu_s"] == pytest.approx(0.3 + 0.1) and grown["boot_cpu_s"] == pytest.approx(0.3)
+    assert "start_crowding_s" not in born  # (one count: no line)
+
+
+def test_a_crowd_of_starting_ray_workers_costs_each_start_more_cpu():
+    # start_crowding_s adds CPU to the part of each start past Ray's own, per actor per core: 8 workers on 2 cores
+    # with 0.1 s + 0.05 x 4 start exactly as with 0.3 s and no growth
+    conf = cfg("actors=8", "runner=ray", "total_env_steps=20480")
+    lat = Latency("fixed", per_actor_ms=[1.0])
+    base = {**FREE, "cores": 2, "boot_cpu_s": 0.2, "boot_wait_s": 0.05}
+    grown = simulate(conf, Costs(**{**base, "start_cpu_s": 0.3, "start_crowding_s": 0.05}), lat)
+    flat = simulate(conf, Costs(**{**base, "start_cpu_s": 0.5}), lat)
+    none = simulate(conf, Costs(**{**base, "start_cpu_s": 0.3}), lat)
+    assert grown["start_mean_s"] == pytest.approx(flat["start_mean_s"], rel=1e-9)
+    assert grown["start_mean_s"] > none["start_mean_s"] + 0.3  # (0.2 s more CPU for each of 8 on 2 cores)

@@ -42,7 +42,9 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   updates where one call completed), which the model does not have (``call_s`` is the least crowded run's). An actor
   waiting for its next call counts as throttled (``actor_throttle_frac``). Ray starts its workers a few at a time
   (its raylet: as many as the machine has CPUs, each until it registers; Ray's part of a start, ``boot_cpu_s`` and
-  ``boot_wait_s``, at nice 0; then the rest of ``start_cpu_s`` beside the other starting workers, then
+  ``boot_wait_s``, at nice 0, leaving the nice-15 workers on its core their weight's share; then the rest of
+  ``start_cpu_s`` (plus ``start_crowding_s`` per actor per core: it grows with the crowd) beside the other
+  starting workers, then
   ``start_wait_s``, then its first call: :func:`simulate`'s ``ray_start``): ``start_spread_s`` is the model's time
   from the first worker's first env step to the last's (a run's summary: ``startup.all_actors_stepping -
   startup.first_env_step``) and ``start_mean_s`` the workers' mean first env step after they were asked for (a
@@ -135,6 +137,9 @@ class Costs:
     boot_wait_s: float = 0.0  # runner=ray: the rest of a worker's turn among Ray's starting workers beyond boot_cpu_s
                               # (its turn ends as it registers: the births of the workers after it, cores later)
     start_wait_s: float = 0.0  # runner=ray: a worker's wait after that CPU until its first call (holds no core)
+    start_crowding_s: float = 0.0  # runner=ray: CPU added to the rest of each worker's start (past boot_cpu_s) by
+                                   # each actor per core: start_cpu_s + start_crowding_s x actors / cores (a line
+                                   # fitted by --calibrate over runs at two counts, as crowding_s)
     prestarted: float = 0.0  # runner=ray: how many of the workers Ray had started before they were asked for (at
                              # ray.init; the snapshot board takes another): their own part done, they take up their
                              # actors at once (the calibration runs' workers born before startup.actors_started)
@@ -634,6 +639,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
         return float(rng.lognormal(math.log(latency.median_ms), latency.sigma, size=n).sum()) / 1000.0
 
     step_cpu = costs.step_cpu_s + costs.crowding_s * N / costs.cores  # (actors sharing cores cost each other)
+    start_more = costs.start_crowding_s * N / costs.cores  # (and so do their starts: laglab's imports, the envs)
 
     def collect(i: int):
         for _ in range(T):  # one batched inference, then each env in turn: its CPU, then its wait
@@ -691,7 +697,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
                     yield from sliced(i, costs.start_cpu_s)
                 if costs.boot_wait_s > 0:
                     yield env.timeout(costs.boot_wait_s)
-        yield from sliced(i, max(0.0, costs.start_cpu_s - (costs.boot_cpu_s or costs.start_cpu_s)))
+        yield from sliced(i, max(0.0, costs.start_cpu_s - (costs.boot_cpu_s or costs.start_cpu_s)) + start_more)
         if costs.start_wait_s > 0:
             yield env.timeout(costs.start_wait_s)
 
@@ -922,7 +928,8 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     Ray started at ``ray.init`` left out): Ray's part of its start CPU (``boot_cpu_s``), the rest of its turn among
     Ray's starting workers, which ends as it registers (``boot_wait_s``: the births of the workers ``cores`` behind
     it tell), its whole start CPU (``start_cpu_s``), and its waits from registering to taking up its actor and from
-    its actor built to its first env step (``start_wait_s``, less the call's round trip). Runs before those moments
+    its actor built to its first env step (``start_wait_s``, less the call's round trip); over runs at two or more
+    counts, the start past Ray's part as a line in actors per core (``start_crowding_s``, as ``crowding_s``). Runs before those moments
     (only ``ActorStats.start_cpu_s``): ``start_cpu_s`` and the first worker's remaining way to its first env step
     (``start_wait_s``). The least crowded runs give one split for all: the one with the moments where every one has
     them, else the older one where every one has that, else none (``startup_s`` to the first env step, as for every
@@ -1049,6 +1056,8 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
                 gaps = [b - a for a, b in zip(births, births[int(cores):])]
                 turn = float(np.median(gaps if gaps else [booted[k] - born[k] for k in fresh]))
                 boot = float(np.median([stats[k]["boot_cpu_s"] for k in fresh]))
+                rests = [stats[k]["start_cpu_s"] - stats[k]["boot_cpu_s"] for k in fresh]
+                c["_rest"] = float(np.median(rests))  # (the start past Ray's part: it grows with the crowd)
                 c["_start"] = {
                     "startup_s": asked, "start_cpu_s": cpu0, "boot_cpu_s": min(boot, cpu0),
                     "prestarted": float(sum(1 for k in first if k in born and k not in fresh)),
@@ -1065,6 +1074,7 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     newer = [c.pop("_start", None) for c in calm]  # (not costs: the start's figures, below)
     older = [c.pop("_start_old", None) for c in calm]
     boards = [c.pop("_board", None) for _, c in costs]  # (every run's: none is a cost of its own)
+    rests = [(x, c.pop("_rest")) for x, c in costs if "_rest" in c]
     calm_boards = [b for (x, _), b in zip(costs, boards) if x == least]
     board = (float(np.median(calm_boards)) if calm_boards and all(b is not None for b in calm_boards)
              else None)  # the board's CPU per answer, where every calm run measured it (runs from 2026-12-07 on)
@@ -1078,6 +1088,10 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
             if "prestarted" in out:  # (a count: the median of two runs may fall between)
                 out["prestarted"] = float(math.floor(out["prestarted"]))
             break
+    rest_fit = crowding_fit(rests) if len(rests) == len(costs) and "boot_cpu_s" in out else None
+    if rest_fit is not None:  # the rest of a start as a line in actors per core, as the actors' CPU per env step
+        out["start_crowding_s"] = rest_fit[1]
+        out["start_cpu_s"] = float(out["boot_cpu_s"]) + rest_fit[0]
     if board is not None and "call_s" in out:  # the board's answer, on a core, is part of the call's round trip
         out["board_cpu_s"] = board
         out["call_s"] = max(0.0, float(out["call_s"]) - board)
