@@ -581,8 +581,10 @@ class _Runner:
             self.start(slot)
         receiver = threading.Thread(target=self.receive, name="laglab-ray-receiver", daemon=True)
         receiver.start()
+        served = False
         try:
             serve(self.queue, self.driver, self.supervise, self.grant, self.cfg)
+            served = True
         except BaseException as e:
             cpu = self.driver.cpu_summary()  # (now: the actors' stats are released before the books are read)
             e.laglab_books = lambda: {**self.driver.summary(self.driver.close(), self.intensity.total,
@@ -598,8 +600,9 @@ class _Runner:
                     log.warning("laglab: the Ray receiver did not stop within 30 s; not draining the actors")
                 else:
                     self.drain()
+                if served:  # (before the board goes with the rest; inside the try, so a Ctrl-C here still kills)
+                    self.board_work = self.ask_board_work()
             finally:
-                self.board_work = self.ask_board_work()
                 for w in self.workers:
                     self.kill(w)
                 try:
