@@ -311,8 +311,11 @@ def test_scripted_actor_restart_mid_episode(tmp_path, runner, kind):
         if runner == "ray":  # (Ray's part of the start CPU, up to the worker taking up laglab's code, is less; it
             # holds Ray's own imports, over 0.05 s of CPU: a stamp at the interpreter's start would not)
             assert all(0.05 < a["boot_cpu_s"] < a["start_cpu_s"] for a in stepped), s["actors_stats"]
-            board = t["queue"]["board"]  # the snapshot board answered each call at most once (laglab.sim's
-            assert 0 < board["answers"] <= t["queue"]["calls"] and board["cpu_s"] > 0, board  # board_cpu_s)
+            board = t["queue"]["board"]  # the snapshot board's work since its first snapshot (laglab.sim's
+            # board_cpu_s): a call asks it once as it starts (no polls without actor.refresh_lag); calls of workers
+            # killed before they asked, and flushes, it never saw
+            assert 0 < board["answers"] <= t["queue"]["calls"] and board["polls"] == 0, board
+            assert board["cpu_s"] > 0 and 0 < board["wall_s"] < s["wall_time_s"] and board["delay_s"] >= 0, board
             for k in slots["first_env_step"]:
                 assert slots["born"][k] < slots["booted"][k] < slots["built"][k] <= slots["first_env_step"][k], slots
 

@@ -344,6 +344,12 @@ def test_the_snapshot_board_answers_one_call_at_a_time():
     # the same CPU per call beside the calls (call_cpu_s: Ray's processes, on free cores) holds no actor up
     free = simulate(c, Costs(**{**FREE, "call_cpu_s": k}), lat)
     assert free["sps_steady"] > 10 * out["sps_steady"]
+    # on shared cores the board waits among the rest: on one core, behind the learner's 50 ms updates (which
+    # preempt it) and the actors' steps, a call takes longer than the board's CPU and the trip
+    shared = simulate(cfg("actors=4", "actor.max_lead_steps=null", "runner=ray", "total_env_steps=40960"),
+                      Costs(**{**FREE, "cores": 1, "update_s": 0.05, "step_cpu_s": 50e-6, "board_cpu_s": k}),
+                      Latency("fixed", per_actor_ms=[1.0]))
+    assert shared["call_s_mean"] > 2 * k
 
 
 @pytest.mark.parametrize("actors", [8, 16])
@@ -492,22 +498,29 @@ def test_calibration_takes_the_other_processes_cpu_per_call_from_two_call_rates(
     a.loc[a["update"] >= 5, "cpu_s"] -= 0.5
     a.to_parquet(d / "actors.parquet")
     assert "call_cpu_s" not in calibrate([d])
-    # where the runs measured the snapshot board (0.5 ms of CPU per answer), its part is board_cpu_s: on the
-    # call's way (call_s is the rest of the round trip) and out of what the other processes compute beside it
+    # where the runs measured the snapshot board: 0.5 ms of CPU per answer beside its Ray threads' 13 ms a second
+    # answering or not (over the 8 s since its first snapshot), and 0.2 ms of waiting for a core per answer. The
+    # answer's own CPU is the slope over the two answer rates (the average would read 1.8 ms at 10 a second), on
+    # the call's way (call_s is the rest of the round trip, less the board's CPU and waits there, which the model
+    # makes itself) and out of what the other processes compute beside it
     for name, rate in (("slow", 10), ("fast", 40)):
         s = json.loads((tmp_path / name / "summary.json").read_text())
-        s["transport"] = {"queue": {"board": {"answers": rate * 8, "cpu_s": 0.5e-3 * rate * 8}}}
+        n = rate * 8
+        s["transport"] = {"queue": {"board": {"answers": n, "polls": 0, "cpu_s": 0.013 * 8 + 0.5e-3 * n,
+                                              "wall_s": 8.0, "delay_s": 0.2e-3 * n}}}
         (tmp_path / name / "summary.json").write_text(json.dumps(s))
     both = calibrate([tmp_path / "slow", tmp_path / "fast"])
     assert both["board_cpu_s"] == pytest.approx(0.5e-3)
     assert both["call_cpu_s"] == pytest.approx(1.5e-3)
-    assert both["call_s"] == pytest.approx((0.1 / 80 + 0.1 / 320) / 2 - 0.5e-3)  # (both are least crowded)
+    assert both["call_s"] == pytest.approx((0.1 / 80 + 0.1 / 320) / 2 - 0.5e-3 - 0.2e-3)  # (both least crowded)
+    alone = calibrate([tmp_path / "slow"])  # (one rate: the CPU per answer, idle time and all)
+    assert alone["board_cpu_s"] == pytest.approx(0.5e-3 + 0.013 / 10)
     s = json.loads((tmp_path / "fast" / "summary.json").read_text())
-    del s["transport"]["queue"]["board"]  # (a run from before the board's figures: none is split for any)
+    s["transport"]["queue"]["board"]["answers"] = 100  # (a board that restarted: it answered 100 of 320 calls)
     (tmp_path / "fast" / "summary.json").write_text(json.dumps(s))
-    mixed = calibrate([tmp_path / "slow", tmp_path / "fast"])
-    assert "board_cpu_s" not in mixed and mixed["call_cpu_s"] == pytest.approx(2e-3)
-    assert mixed["call_s"] == pytest.approx((0.1 / 80 + 0.1 / 320) / 2)
+    restarted = calibrate([tmp_path / "slow", tmp_path / "fast"])
+    assert "board_cpu_s" not in restarted and restarted["call_cpu_s"] == pytest.approx(2e-3)
+    assert restarted["call_s"] == pytest.approx((0.1 / 80 + 0.1 / 320) / 2)
 
 
 def test_calibration_takes_what_it_measures_as_wall_time_from_the_least_crowded_runs(tmp_path):

@@ -28,11 +28,12 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   (loading the newest snapshot first, as above); a receiver takes each answer, puts its fragments in the queue
   (waiting where ``block`` says) and issues that actor's next call. Ray's per-call costs are the snapshot board's
   answer (``board_cpu_s`` on a core: the board is one process, at the workers' niceness, answering the calls one at
-  a time, so calls queue for it as the workers grow: at 2 ms an answer it answers at most 500 calls a second), the
-  rest of the round trip (``call_s``, a wait), ``call_cpu_s`` (what Ray's own processes compute for it, on a core,
-  beside the call), the actor's CPU and the learner's ``fragment_s`` as calibrated from a Ray run; ``call_s_mean``
-  is a call's mean way from the asking to its first env step (a run's actors.parquet ``snapshot_s`` per
-  ``rollouts``). Ray's workers run at nice 15
+  a time, so calls queue for it as the workers grow: at 1 ms an answer it answers at most 1,000 calls a second;
+  the board and the learner start on the same core, both being next to the learner), the rest of the round trip
+  (``call_s``, a wait), ``call_cpu_s`` (what Ray's own processes compute for it, on a core, beside the call), the
+  actor's CPU and the learner's ``fragment_s`` as calibrated from a Ray run; ``call_s_mean`` is a call's mean way
+  from the asking to its first env step over the middle half of the updates (a run's actors.parquet
+  ``snapshot_s`` per ``rollouts`` over the same window). Ray's workers run at nice 15
   (``worker_niceness``, set once Ray's part of their start is done), so the learner preempts them as it does the
   process runner's actors. The board's round
   trip is drawn per call from an exponential of mean ``call_s``: an assumption, chosen (2026-12-06) because a
@@ -597,10 +598,10 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     held = [False] * N  # ray: actor i has no call and the throttle gives it none (as a paused process actor)
     answers = simpy.Store(env) if ray else None
     firsts: List[float] = []  # ray: each worker's first env step
-    call_times: List[float] = []  # ray: each call's way from the actor's asking to its first env step
+    call_times: List[Tuple[float, float]] = []  # ray: (when, how long) each call took from asking to its first env step
     board = simpy.Resource(env, capacity=1) if ray else None  # ray: the snapshot board answers one call at a time
     starting = None  # ray: the workers' start (Ray's raylet starts as many at a time as the machine has CPUs)
-    if ray and (costs.start_cpu_s > 0 or costs.start_wait_s > 0):
+    if ray and (costs.start_cpu_s > 0 or costs.start_wait_s > 0 or costs.start_crowding_s > 0):
         starting = simpy.Resource(env, capacity=int(costs.cores))
     # runner=process: each actor's free slots, and the pipe its fragments' headers travel in to the receiver
     slotted = cfg.runner.name.value == "process"
@@ -721,7 +722,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             if costs.call_s > 0:  # (the rest of the round trip: the newest version as the answer arrives)
                 yield env.timeout(call_rng.exponential(costs.call_s))
             version = yield from refresh(i, version)
-            call_times.append(env.now - t_call)
+            call_times.append((t_call, env.now - t_call))
             if not stepped:
                 stepped = True
                 firsts.append(env.now)  # (its first env step comes next)
@@ -875,10 +876,20 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
         "wake_moved_frac": (cpu.placed[1] / cpu.placed[0] if isinstance(cpu, _Cores) and cpu.placed[0]
                             else float("nan")),
         "snapshot_loads": st["fetches"],
-        "call_s_mean": float(np.mean(call_times)) if call_times else float("nan"),
+        "call_s_mean": steady_mean(call_times, [m[0] for m in marks]),
         "start_spread_s": (max(firsts) - min(firsts)) if starting is not None and len(firsts) == N else float("nan"),
         "start_mean_s": float(np.mean(firsts)) if starting is not None and len(firsts) == N else float("nan"),
     }
+
+
+def steady_mean(timed: Sequence[Tuple[float, float]], times: Sequence[float]) -> float:
+    """The mean of the values that started within the middle half of the updates (as :func:`steady_rate`'s
+    window; a run's actors.parquet over the same window: ``call_s_mean``), or of every one where there are too few
+    updates; NaN where there is none."""
+    if len(times) >= 4:
+        i, j = steady_window(len(times))
+        timed = [x for x in timed if times[i] <= x[0] <= times[j]]
+    return float(np.mean([x[1] for x in timed])) if timed else float("nan")
 
 
 def steady_rate(times: Sequence[float], trained: Sequence[float]) -> float:
@@ -999,9 +1010,12 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
                 calls = sum(a.get("rollouts", 0) for a in stats.values())  # CPU is in the actor's cpu_s
                 c["call_s"] = fetch / max(calls, 1)
                 c["fetch_s"] = 0.0
-                board = ((s.get("transport") or {}).get("queue") or {}).get("board") or {}
-                if board.get("answers"):  # the board's CPU per answer: its part of the round trip, on a core
-                    c["_board"] = float(board["cpu_s"]) / float(board["answers"])
+                board = dict(((s.get("transport") or {}).get("queue") or {}).get("board") or {})
+                board.setdefault("wall_s", s.get("wall_time_s", 0.0))  # (the first runs with the board's figures,
+                # 2026-12-07 00:55-01:45, had no wall_s or delay_s: the run's wall time, no waits)
+                if (board.get("answers", 0) >= 0.9 * calls and float(board.get("cpu_s", 0)) > 0
+                        and float(board["wall_s"] or 0) > 0):  # (a board that restarted answered fewer: none)
+                    c["_board"] = {k: float(board.get(k, 0.0)) for k in ("answers", "cpu_s", "wall_s", "delay_s")}
                 fetch = 0.0
                 o = others_over_steady(d, m)
                 if o is not None:
@@ -1074,10 +1088,9 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     newer = [c.pop("_start", None) for c in calm]  # (not costs: the start's figures, below)
     older = [c.pop("_start_old", None) for c in calm]
     boards = [c.pop("_board", None) for _, c in costs]  # (every run's: none is a cost of its own)
-    rests = [(x, c.pop("_rest")) for x, c in costs if "_rest" in c]
-    calm_boards = [b for (x, _), b in zip(costs, boards) if x == least]
-    board = (float(np.median(calm_boards)) if calm_boards and all(b is not None for b in calm_boards)
-             else None)  # the board's CPU per answer, where every calm run measured it (runs from 2026-12-07 on)
+    rests = [(x, c.pop("_rest")) for x, c in costs if "_rest" in c]  # (the runs with the workers' moments)
+    board, board_wait = board_costs([b for b in boards if b is not None],
+                                    [b for (x, _), b in zip(costs, boards) if x == least])
     out: Dict[str, object] = {k: float(np.median([c[k] for c in calm if k in c]))
                               for k in dict.fromkeys(k for c in calm for k in c)}
     # one definition of startup_s for all: the split with the workers' moments where every calm run has them, else
@@ -1088,13 +1101,13 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
             if "prestarted" in out:  # (a count: the median of two runs may fall between)
                 out["prestarted"] = float(math.floor(out["prestarted"]))
             break
-    rest_fit = crowding_fit(rests) if len(rests) == len(costs) and "boot_cpu_s" in out else None
+    rest_fit = crowding_fit(rests) if "boot_cpu_s" in out else None
     if rest_fit is not None:  # the rest of a start as a line in actors per core, as the actors' CPU per env step
         out["start_crowding_s"] = rest_fit[1]
         out["start_cpu_s"] = float(out["boot_cpu_s"]) + rest_fit[0]
-    if board is not None and "call_s" in out:  # the board's answer, on a core, is part of the call's round trip
-        out["board_cpu_s"] = board
-        out["call_s"] = max(0.0, float(out["call_s"]) - board)
+    if board is not None and "call_s" in out:  # the board's answer, on a core, is part of the call's round trip;
+        out["board_cpu_s"] = board  # its CPU and its waits for a core in the calm runs are the model's own to make
+        out["call_s"] = max(0.0, float(out["call_s"]) - board - board_wait)
     cpu_runs = [c["step_cpu_s"] for _, c in costs if "step_cpu_s" in c]
     if cpu_runs:  # (measured as CPU time where the run measured its actors' processes: every run's counts)
         out["step_cpu_s"] = float(np.median(cpu_runs))
@@ -1116,11 +1129,30 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     return out
 
 
+def board_costs(every: Sequence[Dict[str, float]], calm: Sequence[Optional[Dict[str, float]]]):
+    """(``board_cpu_s``, the board's wait for a core per answer in the calm runs), or (None, 0) unless every least
+    crowded run measured its board (summary ``transport.queue.board``, from 2026-12-07). The board's process CPU
+    holds its Ray threads' own time (about 13 ms a second here, answering or not) beside its answers': over runs
+    whose answer rates differ by 1.5x or more, CPU = idle x wall + per answer x answers (least squares) gives the
+    answer's own CPU; else the calm runs' CPU per answer (which holds the idle time too: high at few answers)."""
+    if not calm or any(b is None for b in calm):
+        return None, 0.0
+    rate = [b["answers"] / b["wall_s"] for b in every]
+    per = None
+    if len(every) >= 2 and max(rate) >= 1.5 * min(rate):
+        a = np.asarray([[b["wall_s"], b["answers"]] for b in every])
+        per = float(np.linalg.lstsq(a, np.asarray([b["cpu_s"] for b in every]), rcond=None)[0][1])
+    if per is None or per <= 0:
+        per = float(np.median([b["cpu_s"] / b["answers"] for b in calm]))
+    return per, float(np.median([max(0.0, b["delay_s"]) / b["answers"] for b in calm]))
+
+
 def beyond_calibration(cfg: Config, costs: Costs, calibrated: Optional[Sequence[float]]) -> Optional[str]:
     """A warning where ``cfg`` crowds more actors on a core than any calibration run did (``calibrated``: a costs
     file's ``calibrated_actors_per_core``, [least, most]): the actors' CPU per step is a line fitted below that
-    density, and the costs grew faster past it in runs here (32 Ray workers on 2 cores against calibrations at 6
-    and 24: every CPU cost 10-15% above the line's, SPS predicted 12-18% high). None within the range, with a core
+    density, and the costs may grow faster past it (32 Ray workers on 2 cores against calibrations at 6 and 24, on
+    2026-12-06: every CPU cost 10-15% above the line's, SPS predicted 12-18% high; on 2026-12-07 the same counts
+    kept to the line). None within the range, with a core
     per actor, or without the range (costs from before 2026-12-07, or set by hand)."""
     if not calibrated or own_cores(cfg, costs):
         return None
@@ -1128,8 +1160,8 @@ def beyond_calibration(cfg: Config, costs: Costs, calibrated: Optional[Sequence[
     if density <= most * 1.05:
         return None
     return (f"{cfg.actors} actors on {costs.cores:g} cores is {density:.3g} actors per core, beyond the calibration "
-            f"runs' {most:.3g}: costs past a calibrated density grow faster than the model's line (runs here: SPS "
-            f"predicted 12-18% high at 1.33x it); calibrate with a run at about {cfg.actors} actors")
+            f"runs' {most:.3g}: the model extends a line fitted below it, and costs may grow faster past it; "
+            f"calibrate with a run at about {cfg.actors} actors")
 
 
 def steady_actor_deltas(run_dir: Path, m, cols: Sequence[str]):
@@ -1233,6 +1265,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             given_file = json.loads(Path(args.costs).read_text())
             costs = Costs.from_dict(given_file)
             calibrated = given_file.get("calibrated_actors_per_core")
+            if calibrated is not None and not (isinstance(calibrated, list) and len(calibrated) == 2 and all(
+                    isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in calibrated)):
+                raise SimError(f"{args.costs}: calibrated_actors_per_core must be [least, most] actors per core, "
+                               f"numbers > 0 (as --calibrate writes it), got {calibrated!r}")
         given = dataclasses.asdict(costs)
         for kv in args.cost:  # (checked together: boot_cpu_s is part of start_cpu_s whichever is given first)
             k, _, v = kv.partition("=")

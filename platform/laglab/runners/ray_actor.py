@@ -103,32 +103,38 @@ class _Poll:
 
 
 class SnapshotBoard:
-    """The newest snapshot's version and object-store reference (a Ray actor next to the learner). It counts the
-    questions it answers and its process's CPU from the first snapshot on (its own start before that is not the
-    answers'): what one answer costs (``work``; laglab.sim's ``board_cpu_s``)."""
+    """The newest snapshot's version and object-store reference (a Ray actor next to the learner). From the first
+    snapshot on (its own start before that is not the calls') it counts the calls it answers (``newest``: one per
+    rollout; ``newest_version``: the polls of actor.refresh_lag) and reads its process's CPU, the wall time and its
+    thread's waits for a core (``work``: what laglab.sim's ``board_cpu_s`` is calibrated from)."""
 
     def __init__(self):
         self.version, self.box = -1, None
-        self.answers, self.cpu0 = 0, None
+        self.answers = self.polls = 0
+        self.t0: Optional[Tuple[float, float, float]] = None  # (CPU, wall, run delay) at the first snapshot
 
     def set(self, version: int, box: List[Any]) -> None:
-        if self.cpu0 is None:
-            self.cpu0 = time.process_time()
+        if self.t0 is None:
+            self.t0 = (time.process_time(), time.monotonic(), run_delay_s())
         self.version, self.box = version, box
 
     def newest_version(self) -> int:
-        self.answers += 1
+        self.polls += self.t0 is not None
         return self.version
 
     def newest(self, known: int) -> Tuple[int, Optional[List[Any]]]:
         """(version, [reference]) or (version, None) when the caller has that version already."""
-        self.answers += 1
+        self.answers += self.t0 is not None
         return self.version, (None if known == self.version else self.box)
 
     def work(self) -> Dict[str, float]:
-        """The questions answered and the process's CPU since the first snapshot (this life's: a restarted board
-        counts from its own first snapshot)."""
-        return {"answers": self.answers, "cpu_s": time.process_time() - self.cpu0 if self.cpu0 is not None else 0.0}
+        """Since the first snapshot of this life (a restarted board counts from its own, and answers fewer calls
+        than were made): the calls answered and polled, the process's CPU, the wall time, and the run delay of the
+        thread that answers them."""
+        if self.t0 is None:
+            return {"answers": 0, "polls": 0, "cpu_s": 0.0, "wall_s": 0.0, "delay_s": 0.0}
+        return {"answers": self.answers, "polls": self.polls, "cpu_s": time.process_time() - self.t0[0],
+                "wall_s": time.monotonic() - self.t0[1], "delay_s": run_delay_s() - self.t0[2]}
 
 
 class RolloutWorker:
