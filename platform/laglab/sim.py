@@ -1150,10 +1150,10 @@ def board_costs(every: Sequence[Dict[str, float]], calm: Sequence[Optional[Dict[
 def beyond_calibration(cfg: Config, costs: Costs, calibrated: Optional[Sequence[float]]) -> Optional[str]:
     """A warning where ``cfg`` crowds more actors on a core than any calibration run did (``calibrated``: a costs
     file's ``calibrated_actors_per_core``, [least, most]): the actors' CPU per step is a line fitted below that
-    density, and the costs may grow faster past it (32 Ray workers on 2 cores against calibrations at 6 and 24, on
-    2026-12-06: every CPU cost 10-15% above the line's, SPS predicted 12-18% high; on 2026-12-07 the same counts
-    kept to the line). None within the range, with a core
-    per actor, or without the range (costs from before 2026-12-07, or set by hand)."""
+    density, and the costs may grow faster past it (32 Ray workers on 2 cores against calibrations at 6 and 24: the
+    actors' CPU per env step about 20% above its calibration's in all four runs of 2026-12-06 and in one or two
+    runs of each set of 2026-12-07, SPS predicted 12-19% high there). None within the range, with a core per actor,
+    or without the range (costs from before 2026-12-07, or set by hand)."""
     if not calibrated or own_cores(cfg, costs):
         return None
     density, most = cfg.actors / costs.cores, float(calibrated[-1])
