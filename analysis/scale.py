@@ -5,7 +5,10 @@ own) as a report rebuilt from its committed compact data::
 
 ``scale.parquet``: one row per (preset, actor count): the model's steady SPS, learner utilisation, mean and p95 lag,
 data age, the share ``learner.max_policy_lag`` = 4 or 16 would drop, the KL the lag-cost study's map gives at the mean
-lag (and whether that lag lies past the study's). ``scale.json``: the command and the KL band (``kl_max``).
+lag (and whether that lag lies past the study's); and, in studies from 2026-12-07 on, the same count as ``runner=ray``
+moves it (``sps_ray``, ``learner_util_ray``, ``board_util_ray``: the snapshot board's busy share, ``lag_mean_ray``;
+``steps_per_call``: a rollout's env steps). ``scale.json``: the command, the KL band (``kl_max``) and the Ray path's
+costs (``ray_path``).
 """
 from __future__ import annotations
 
@@ -51,6 +54,28 @@ def findings(df: pd.DataFrame, kl_max: float) -> List[str]:
     return out
 
 
+def ray_findings(df: pd.DataFrame, ray_path: dict) -> List[str]:
+    """Per preset, under ``runner=ray``: where its learner saturates, the steady SPS at the largest count against
+    the process runner's, and how busy the snapshot board gets, with the ceiling it sets alone (a call's steps per
+    second of the board's answer)."""
+    if "sps_ray" not in df:
+        return []
+    out = []
+    board = float(ray_path.get("board_cpu_s", float("nan")))
+    for preset, g in df.groupby("preset", sort=False):
+        g = g.sort_values("actors")
+        top = g.iloc[-1]
+        sat = g[g["learner_util_ray"] >= SATURATED]
+        where = f"the learner saturates by N = {int(sat['actors'].iloc[0])}" if len(sat) else \
+            f"the learner is not saturated at N = {int(top['actors'])}"
+        ceiling = float(top["steps_per_call"]) / board
+        out.append(f"{preset} on Ray: {where}; {top['sps_ray']:.4g} SPS at N = {int(top['actors'])} "
+                   f"({top['sps_ray'] / top['sps']:.2f}x the process runner's); the board at most "
+                   f"{g['board_util_ray'].max():.0%} busy (alone it would cap near {ceiling:.3g} SPS: "
+                   f"{int(top['steps_per_call'])} steps a call, {1e3 * board:.2f} ms an answer)")
+    return out
+
+
 def build(d: str | Path) -> str:
     d = Path(d)
     df = pd.read_parquet(d / DATA)
@@ -59,9 +84,17 @@ def build(d: str | Path) -> str:
              f"Rebuilt by `python -m analysis.report reports/{d.name}` from `{DATA}` and `{META}` (nothing re-run); "
              f"made by `{meta.get('command', 'benchmarks/scale.py')}`. The model with the learner and every actor on a "
              "CPU of its own; an extrapolation (validated on two cores to 64 actors: reports/sim_validation).", ""]
-    lines += [f"- {f}" for f in findings(df, float(meta.get("kl_max", 0.03)))] + [""]
+    lines += [f"- {f}" for f in findings(df, float(meta.get("kl_max", 0.03)))]
+    lines += [f"- {f}" for f in ray_findings(df, meta.get("ray_path") or {})] + [""]
+    if "ray_path" in meta:
+        rp = meta["ray_path"]
+        lines += [f"The `*_ray` columns: `runner=ray` with the board's answer {1e3 * rp['board_cpu_s']:.2f} ms, the "
+                  f"rest of a call's round trip {1e3 * rp['call_s']:.2f} ms and the learner's time per fragment through Ray "
+                  f"{1e3 * rp['fragment_s']:.2f} ms ({'; '.join(rp.get('calibrated_from', []))}); the board on a CPU "
+                  "of its own.", ""]
     cols = ["preset", "actors", "costs", "sps", "learner_util", "lag_mean", "lag_p95", "age_s", "drop@4", "drop@16",
-            "kl_pred", "kl_extrapolated"]
+            "kl_pred", "kl_extrapolated", "sps_ray", "learner_util_ray", "board_util_ray", "lag_mean_ray"]
+    cols = [c for c in cols if c in df]  # (studies before 2026-12-07 have no Ray columns)
     t = df[cols]
     lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, r in t.iterrows():

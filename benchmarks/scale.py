@@ -8,6 +8,12 @@ and data age that follow, what ``learner.max_policy_lag`` would drop, and the ac
 Costs: ``<costs-dir>/<preset>.json`` from ``python -m laglab.sim --calibrate <real runs of that preset>`` on a quiet
 machine; a preset without one runs on laglab.sim's default costs and its rows say ``uncalibrated``.
 
+Each count runs twice: as the process runner moves fragments (``sps``, ``learner_util``, ...) and as ``runner=ray``
+does (the ``*_ray`` columns): rollout calls, ``runner.max_inflight``, and the snapshot board, one process answering
+one call at a time, on a CPU of its own; the Ray path's costs from ``<costs-dir>/ray_path.json`` (the board's answer,
+the rest of a call's round trip, the learner's time per fragment through Ray) over the preset's. ``board_util_ray``
+is the board's busy share: where it nears 1, the board sets the pace, not the learner.
+
 Seed 004's rule: grow the actor count while throughput still pays and the policy lag keeps KL(behavior || current)
 within its band (< 0.01 fine, 0.01-0.03 watch, > 0.03 too stale). KL is not in the model (it depends on the
 policy): it comes from the lag-cost studies, which measured KL at each fixed lag at the tuned step size
@@ -40,6 +46,15 @@ PRESETS = {
 LATENCY = {"robot20ms": "lognormal:20,0.2"}  # a simulator's step time jitters (fixed steps would phase-lock)
 KL_STUDIES = {"CartPole-v1": "reports/lag_cost_tuned_cartpole", "Pendulum-v1": "reports/lag_cost_tuned_pendulum"}
 ENV_IDS = {"cartpole": "CartPole-v1", "halfcheetah": "HalfCheetah-v5", "robot20ms": None}
+RAY_PATH = ("board_cpu_s", "call_s", "fragment_s")  # what ray_path.json sets over a preset's costs
+
+
+def per_call(preset: str) -> int:
+    """A rollout's env steps in the preset (envs_per_actor x rollout_len): one Ray call's."""
+    from laglab.sim import compose
+
+    cfg = compose(PRESETS[preset])
+    return int(cfg.actor.envs_per_actor * cfg.actor.rollout_len)
 
 
 def steps_for(n: int, per_rollout: int) -> int:
@@ -47,15 +62,18 @@ def steps_for(n: int, per_rollout: int) -> int:
     return int(max(10 * n * per_rollout, 200 * 1024))
 
 
-def simulate(preset: str, n: int, costs: Optional[Path]) -> Dict[str, float]:
-    ovs = [*PRESETS[preset], "runner=process", f"actors={n}"]  # (the model is the same; Ray's cost per fragment below)
-    envs = 8 if preset != "robot20ms" else 4
-    ovs.append(f"total_env_steps={steps_for(n, envs * 32)}")
-    cmd = [sys.executable, "-m", "laglab.sim", *ovs, "--json", "--cost", f"cores={n + 1}"]
+def simulate(preset: str, n: int, costs: Optional[Path], ray: Optional[Path] = None) -> Dict[str, float]:
+    """The model's outputs for ``preset`` at ``n`` actors, each on a CPU of its own; ``ray``: as ``runner=ray``
+    with those Ray path costs over the preset's (the snapshot board on a CPU of its own too)."""
+    ovs = [*PRESETS[preset], f"runner={'ray' if ray else 'process'}", f"actors={n}"]
+    ovs.append(f"total_env_steps={steps_for(n, per_call(preset))}")
+    cmd = [sys.executable, "-m", "laglab.sim", *ovs, "--json", "--cost", f"cores={n + (2 if ray else 1)}"]
     if costs is not None:
         cmd += ["--costs", str(costs)]
     if costs is None or "fragment_s" not in json.loads(costs.read_text()):
         cmd += ["--cost", f"fragment_s={RAY_FRAGMENT_S}"]
+    if ray is not None:
+        cmd += [x for k in RAY_PATH for x in ("--cost", f"{k}={json.loads(ray.read_text())[k]}")]
     if preset in LATENCY:
         cmd += ["--latency", LATENCY[preset]]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -97,6 +115,9 @@ def main() -> int:
     out = Path(a.out or f"/tmp/scale_{time.strftime('%Y%m%d_%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     rows = []
+    ray = Path(a.costs_dir) / "ray_path.json"
+    if not ray.exists() or any(k not in json.loads(ray.read_text()) for k in RAY_PATH):
+        ap.error(f"{ray}: the Ray path's costs ({', '.join(RAY_PATH)}) are needed for the *_ray columns")
     for preset in a.presets.split(","):
         costs = Path(a.costs_dir) / f"{preset}.json"
         costs = costs if costs.exists() else None
@@ -104,18 +125,21 @@ def main() -> int:
         study = ROOT / KL_STUDIES[env_id] if env_id in KL_STUDIES else None
         kl, kl_lag_max = kl_map(study) if study is not None and (study / "selection.csv").exists() else (None, None)
         for n in map(int, a.actors.split(",")):
-            o = simulate(preset, n, costs)
+            o, r = simulate(preset, n, costs), simulate(preset, n, costs, ray)
             kl_at = kl(o["lag_mean"]) if kl is not None else float("nan")
             rows.append({"preset": preset, "actors": n, "costs": "calibrated" if costs else "uncalibrated",
                          "sps": o["sps_steady"], "learner_util": o["learner_utilization"],
                          "lag_mean": o["lag_mean"], "lag_p95": o["lag_p95"], "age_s": o["age_s_mean"],
                          "drop@4": dropped_by(o["lag_hist"], 4), "drop@16": dropped_by(o["lag_hist"], 16),
                          "kl_pred": kl_at,
-                         "kl_extrapolated": bool(kl is not None and o["lag_mean"] > kl_lag_max)})
+                         "kl_extrapolated": bool(kl is not None and o["lag_mean"] > kl_lag_max),
+                         "sps_ray": r["sps_steady"], "learner_util_ray": r["learner_utilization"],
+                         "board_util_ray": r["board_utilization"], "lag_mean_ray": r["lag_mean"],
+                         "steps_per_call": per_call(preset)})
             print(json.dumps(rows[-1], default=float), flush=True)
     df = pd.DataFrame(rows)
     scale_report.write(out, df, {"command": "python benchmarks/scale.py " + " ".join(sys.argv[1:]),
-                                 "kl_max": a.kl_max})
+                                 "kl_max": a.kl_max, "ray_path": json.loads(ray.read_text())})
     print()
     print(df.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     print()

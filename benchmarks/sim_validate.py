@@ -116,8 +116,10 @@ def steady_call(run_dir: Path, m: pd.DataFrame) -> float:
     """Ray: a call's mean way from the worker's asking the snapshot board to its first env step (actors.parquet
     ``snapshot_s`` per ``rollouts``) over the middle half of the updates, as the model's ``call_s_mean``; NaN for
     other runners and where an actor started, ended or restarted inside it."""
+    if run_runner(run_dir) != "ray":  # (before reading actors.parquet: a process run has no board to ask)
+        return float("nan")
     steady = steady_actor_deltas(run_dir, m, ["snapshot_s", "rollouts"])
-    if steady is None or run_runner(run_dir) != "ray":
+    if steady is None:
         return float("nan")
     d = steady[0].sum()
     return float(d["snapshot_s"] / d["rollouts"]) if d["rollouts"] > 0 else float("nan")

@@ -338,9 +338,13 @@ def test_the_snapshot_board_answers_one_call_at_a_time():
     out = simulate(c, Costs(**{**FREE, "board_cpu_s": k}), lat)
     assert out["sps_steady"] == pytest.approx(E * T / k, rel=0.03)
     assert out["call_s_mean"] > 8 * k  # (16 actors queue for it: each waits for most of the others' answers)
+    assert out["board_utilization"] > 0.95  # (it sets the pace: busy all the time)
     one = simulate(cfg("actors=1", "actor.max_lead_steps=null", "runner=ray"),
                    Costs(**{**FREE, "board_cpu_s": k, "call_s": 0.002, "infer_s": 1e-4}), lat, seed=3)
     assert one["call_s_mean"] == pytest.approx(k + 0.002, rel=0.15)  # (the rest of the trip: exponential draws)
+    # one actor keeps it busy k of every call's k + call_s + the rollout's inference (E T steps: T of 0.1 ms)
+    assert one["board_utilization"] == pytest.approx(k / (k + 0.002 + T * 1e-4), rel=0.1)
+    assert math.isnan(simulate(cfg("actors=2"), Costs(**FREE), lat)["board_utilization"])  # (no board off Ray)
     # the same CPU per call beside the calls (call_cpu_s: Ray's processes, on free cores) holds no actor up
     free = simulate(c, Costs(**{**FREE, "call_cpu_s": k}), lat)
     assert free["sps_steady"] > 10 * out["sps_steady"]

@@ -33,7 +33,9 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   (``call_s``, a wait), ``call_cpu_s`` (what Ray's own processes compute for it, on a core, beside the call), the
   actor's CPU and the learner's ``fragment_s`` as calibrated from a Ray run; ``call_s_mean`` is a call's mean way
   from the asking to its first env step over the middle half of the updates (a run's actors.parquet
-  ``snapshot_s`` per ``rollouts`` over the same window). Ray's workers run at nice 15
+  ``snapshot_s`` per ``rollouts`` over the same window); ``board_utilization`` the share of the run the board spent
+  answering (NaN for other runners: where it nears 1 the board, not the learner, sets the pace). Ray's workers run
+  at nice 15
   (``worker_niceness``, set once Ray's part of their start is done), so the learner preempts them as it does the
   process runner's actors. The board's round
   trip is drawn per call from an exponential of mean ``call_s``: an assumption, chosen (2026-12-06) because a
@@ -575,7 +577,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     q = _Queue(env, cfg.transport.capacity, cfg.transport.max_bytes, Overflow(cfg.transport.policy), frag_bytes)
     st = {"version": 0, "reserved": 0, "produced": 0, "updates": 0, "learner_busy": 0.0, "kept": 0, "dropped_lag": 0,
           "trained": 0, "done_actors": 0, "end": 0.0, "fetches": 0, "throttle_s": 0.0, "paused": 0,
-          "blocked_s": 0.0, "in_slots": 0}
+          "blocked_s": 0.0, "in_slots": 0, "board_busy": 0.0}
     history: Deque[int] = collections.deque([0], maxlen=(cfg.actor.fixed_lag or 0) + 1)
     published = [0]  # the version actors are given
     consumed = [0] * N  # per actor: steps the learner has taken (learner.consumed)
@@ -718,7 +720,9 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             if costs.board_cpu_s > 0:  # (the board answers one call at a time, at the workers' niceness)
                 with board.request() as turn:
                     yield turn
+                    t_b = env.now
                     yield from _cpu(env, cpu, costs.board_cpu_s, 1, None, "board")
+                    st["board_busy"] += env.now - t_b
             if costs.call_s > 0:  # (the rest of the round trip: the newest version as the answer arrives)
                 yield env.timeout(call_rng.exponential(costs.call_s))
             version = yield from refresh(i, version)
@@ -865,6 +869,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
         "queue_depth_mean": q.area / end,
         "age_s_mean": float(np.mean(ages)) if ages else float("nan"),
         "learner_utilization": st["learner_busy"] / end,
+        "board_utilization": st["board_busy"] / end if ray else float("nan"),
         "kept_fraction": st["kept"] / offered if offered else float("nan"),
         "env_steps": st["produced"], "trained_steps": st["trained"], "staged_at_end_steps": st["kept"] - st["trained"],
         "updates": st["updates"], "wall_s": wall,
