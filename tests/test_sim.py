@@ -316,6 +316,17 @@ def test_calibration_of_a_ray_run_takes_the_board_round_trip_as_a_wait_per_call(
     assert proc["step_cpu_s"] == pytest.approx((2.0 - 0.4 - 0.5) / 12800)
     with pytest.raises(SimError, match="one runner"):
         calibrate([tmp_path / "ray", tmp_path / "process"])
+    # a run that measured its calls' own CPU (ActorStats.snapshot_cpu_s: 0.1 s of each worker's 0.5 s of calls):
+    # a cost of its own per call, out of the round trip's wait and out of the CPU per step
+    d = run_dir("ray_own", "ray")
+    s = json.loads((d / "summary.json").read_text())
+    for a in s["actors_stats"].values():
+        a["snapshot_cpu_s"] = 0.1
+    (d / "summary.json").write_text(json.dumps(s))
+    own = calibrate([d])
+    assert own["snapshot_cpu_s"] == pytest.approx(0.1 / 100)
+    assert own["call_s"] == pytest.approx((0.5 - 0.1) / 100)
+    assert own["step_cpu_s"] == pytest.approx((2.0 - 0.4 - 0.1) / 12800)
 
 
 def test_a_ray_actor_waits_for_the_board_at_every_call():
@@ -325,6 +336,26 @@ def test_a_ray_actor_waits_for_the_board_at_every_call():
     E, T = c.actor.envs_per_actor, c.actor.rollout_len
     out = simulate(c, Costs(**{**FREE, "call_s": 0.064}), Latency("fixed", per_actor_ms=[2.0]))
     assert out["sps_steady"] == pytest.approx(4 * E * T / (E * T * 2e-3 + 0.064), rel=0.02)
+
+
+def test_a_ray_calls_own_cpu_is_on_its_way_and_needs_a_core():
+    # the worker's own CPU per call (snapshot_cpu_s: reading the answer and the snapshot, loading it) comes before
+    # its first env step: with a core each it adds to the way as a wait would (E T / (E T latency + k) per actor);
+    # with no other work, on one core the calls take turns for it, so the run goes at E T / k however many actors
+    # ask, and on two at 2 E T / k; as a wait (call_s) it would not (the 16 actors' calls overlap)
+    k = 4e-3
+    lat = Latency("fixed", per_actor_ms=[0.0])
+    c = cfg("actors=4", "actor.max_lead_steps=null", "runner=ray")
+    E, T = c.actor.envs_per_actor, c.actor.rollout_len
+    own = simulate(c, Costs(**{**FREE, "cores": 5, "snapshot_cpu_s": 0.064}), Latency("fixed", per_actor_ms=[2.0]))
+    assert own["sps_steady"] == pytest.approx(4 * E * T / (E * T * 2e-3 + 0.064), rel=0.02)
+    c16 = cfg("actors=16", "actor.max_lead_steps=null", "runner=ray")
+    for cores in (1, 2):
+        out = simulate(c16, Costs(**{**FREE, "cores": cores, "snapshot_cpu_s": k}), lat)
+        assert out["sps_steady"] == pytest.approx(cores * E * T / k, rel=0.03)
+        assert out["call_s_mean"] > 4 * k  # (each waits for the others' turns)
+    wait = simulate(c16, Costs(**{**FREE, "cores": 1, "call_s": k}), lat, seed=1)
+    assert wait["sps_steady"] > 5 * E * T / k
 
 
 def test_the_snapshot_board_answers_one_call_at_a_time():

@@ -30,8 +30,11 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   answer (``board_cpu_s`` on a core: the board is one process, at the workers' niceness, answering the calls one at
   a time, so calls queue for it as the workers grow: at 1 ms an answer it answers at most 1,000 calls a second;
   the board and the learner start on the same core, both being next to the learner), the rest of the round trip
-  (``call_s``, a wait), ``call_cpu_s`` (what Ray's own processes compute for it, on a core, beside the call), the
-  actor's CPU and the learner's ``fragment_s`` as calibrated from a Ray run; ``call_s_mean`` is a call's mean way
+  (``call_s``, a wait), the worker's own CPU on the way (``snapshot_cpu_s``: reading the answer and the snapshot,
+  loading it; on its core before its first env step, so in a crowd the way waits for a core: 1.3 ms of CPU a call
+  at 6 workers, 1.7 at 24, measured 2026-12-07, against calls of 4.8 and 17 ms), ``call_cpu_s`` (what Ray's own
+  processes compute for it, on a core, beside the call), the actor's CPU and the learner's ``fragment_s`` as
+  calibrated from a Ray run; ``call_s_mean`` is a call's mean way
   from the asking to its first env step over the middle half of the updates (a run's actors.parquet
   ``snapshot_s`` per ``rollouts`` over the same window); ``board_utilization`` the share of the run the board spent
   answering (NaN for other runners: where it nears 1 the board, not the learner, sets the pace). Ray's workers run
@@ -124,6 +127,9 @@ class Costs:
     board_cpu_s: float = 0.0  # runner=ray: the snapshot board's CPU per answer (summary transport.queue.board): one
                               # process at the workers' niceness answering the calls one at a time; a call waits
                               # for its answer (call_s is the rest of its round trip)
+    snapshot_cpu_s: float = 0.0  # runner=ray: the worker's own CPU on a call's way (asking the board, reading the
+                                 # snapshot from the object store, loading it: ActorStats.snapshot_cpu_s per call),
+                                 # on its core before its first env step: in a crowd the way waits for a core
     wake_move_p: float = 0.16  # the cores: the chance that a task waking to find its core busy and another idle
                                # moves to the idle one (else it queues on its own): a fact of the kernel, measured
                                # with benchmarks/sched_trace.py: an effective parameter (this VM: 0.07-0.21 in six
@@ -725,6 +731,9 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
                     st["board_busy"] += env.now - t_b
             if costs.call_s > 0:  # (the rest of the round trip: the newest version as the answer arrives)
                 yield env.timeout(call_rng.exponential(costs.call_s))
+            # (the worker's own part: reading the answer and the snapshot, loading it; on its core, so in a crowd it
+            # waits for one, as each of the real way's wake-ups does)
+            yield from _cpu(env, cpu, costs.snapshot_cpu_s, 1, run_delay, i)
             version = yield from refresh(i, version)
             call_times.append((t_call, env.now - t_call))
             if not stepped:
@@ -929,10 +938,12 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     processes' CPU (``cpu_s``: process and Ray runners), ``step_cpu_s`` is that CPU besides inference and snapshot
     loads per env step (env code, bookkeeping, sends, polls: what makes many actors contend for cores), and the
     latency env's ``step_wait_s`` is what its steps took beyond the latency and their own CPU (``env_cpu_s``).
-    Ray runs: each call's round trip to the snapshot board is ``call_s`` (a wait; the decoding CPU is in
-    ``cpu_s``), less the board's CPU per answer where every least crowded run measured it (summary
-    ``transport.queue.board``: ``board_cpu_s``, also taken out of ``call_cpu_s``) and, where the run logged the machine's CPU (metrics ``cpu/machine_busy_s``: a local instance),
-    ``call_cpu_s`` is what every other process computed per call over the middle half of the updates (Ray's raylet,
+    Ray runs: each call's round trip to the snapshot board is ``call_s`` (a wait), less the worker's own CPU over
+    it where the run measured that (``ActorStats.snapshot_cpu_s``: ``snapshot_cpu_s`` per call, a cost of its own,
+    taken out of the CPU per env step too; older runs leave it in ``cpu_s``) and less the board's CPU per answer
+    where every least crowded run measured it (summary ``transport.queue.board``: ``board_cpu_s``, also taken out
+    of ``call_cpu_s``) and, where the run logged the machine's CPU (metrics ``cpu/machine_busy_s``: a local
+    instance), ``call_cpu_s`` is what every other process computed per call over the middle half of the updates (Ray's raylet,
     GCS and snapshot board; the slope over runs whose call rates are >= 1.5x apart, else the median ratio; a rough
     figure: on this VM /proc/stat reads 5-9% below the processes' own CPU clocks, which moves it by as much as it
     is). Runs at two or more actor counts also give ``crowding_s``: the growth of the actors' whole CPU per env step
@@ -1013,7 +1024,10 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
             own_process = runner in ("process", "ray")
             if runner == "ray":  # each call asks the board (a Ray round trip) and maybe loads: a wait per call, whose
                 calls = sum(a.get("rollouts", 0) for a in stats.values())  # CPU is in the actor's cpu_s
-                c["call_s"] = fetch / max(calls, 1)
+                own = sum(a.get("snapshot_cpu_s", 0.0) for a in stats.values())  # (runs from 2026-12-07 04:40 on)
+                c["call_s"] = max(0.0, fetch - own) / max(calls, 1)  # (the worker's own CPU on the way is a cost
+                if own > 0:  # of its own, on a core; taken out of the actors' CPU per step below)
+                    c["snapshot_cpu_s"] = own / max(calls, 1)
                 c["fetch_s"] = 0.0
                 board = dict(((s.get("transport") or {}).get("queue") or {}).get("board") or {})
                 board.setdefault("wall_s", s.get("wall_time_s", 0.0))  # (the first runs with the board's figures,
@@ -1021,7 +1035,7 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
                 if (board.get("answers", 0) >= 0.9 * calls and float(board.get("cpu_s", 0)) > 0
                         and float(board["wall_s"] or 0) > 0):  # (a board that restarted answered fewer: none)
                     c["_board"] = {k: float(board.get(k, 0.0)) for k in ("answers", "cpu_s", "wall_s", "delay_s")}
-                fetch = 0.0
+                fetch = own  # (what the steps' CPU leaves out: the calls' own, a cost of its own where measured)
                 o = others_over_steady(d, m)
                 if o is not None:
                     others.append(o)
