@@ -71,7 +71,7 @@ def test_a_core_for_everyone_skips_the_cores_queues_and_changes_nothing(runner):
     # clusters), and its predictions are theirs to the last digit
     c = cfg("actors=6", "total_env_steps=60000", f"runner={runner}")
     costs = Costs(update_s=0.004, fragment_s=1e-4, infer_s=1e-4, step_cpu_s=3e-5, send_s=1e-5, fetch_s=2e-4,
-                  call_s=2e-3 if runner == "ray" else 0.0, cores=7)
+                  call_s=2e-3 if runner == "ray" else 0.0, snapshot_cpu_s=5e-4 if runner == "ray" else 0.0, cores=7)
     lat = Latency("fixed", per_actor_ms=[1.0, 2.0])
     zero = Costs(**{**FREE, "update_s": 2e-3, "cores": 7})  # (work of no length: no event either way)
     for costs, lat in ((costs, lat), (zero, Latency("fixed", per_actor_ms=[0.0]))):
@@ -316,17 +316,56 @@ def test_calibration_of_a_ray_run_takes_the_board_round_trip_as_a_wait_per_call(
     assert proc["step_cpu_s"] == pytest.approx((2.0 - 0.4 - 0.5) / 12800)
     with pytest.raises(SimError, match="one runner"):
         calibrate([tmp_path / "ray", tmp_path / "process"])
-    # a run that measured its calls' own CPU (ActorStats.snapshot_cpu_s: 0.1 s of each worker's 0.5 s of calls):
-    # a cost of its own per call, out of the round trip's wait and out of the CPU per step
+    # a run that measured its calls' own CPU and waits (ActorStats.snapshot_cpu_s, snapshot_wait_s: 0.1 s and 0.05 s
+    # of each worker's 0.5 s of calls): a cost of its own per call, out of the round trip's wait (with the waits, which
+    # the model makes itself) and out of the CPU per step
     d = run_dir("ray_own", "ray")
     s = json.loads((d / "summary.json").read_text())
     for a in s["actors_stats"].values():
-        a["snapshot_cpu_s"] = 0.1
+        a.update(snapshot_cpu_s=0.1, snapshot_wait_s=0.05)
     (d / "summary.json").write_text(json.dumps(s))
     own = calibrate([d])
     assert own["snapshot_cpu_s"] == pytest.approx(0.1 / 100)
-    assert own["call_s"] == pytest.approx((0.5 - 0.1) / 100)
+    assert own["call_s"] == pytest.approx((0.5 - 0.1 - 0.05) / 100)
     assert own["step_cpu_s"] == pytest.approx((2.0 - 0.4 - 0.1) / 12800)
+    # a calibration that mixes runs with and without it takes none (the older runs' figures are gross)
+    mixed = calibrate([d, tmp_path / "ray"])
+    assert "snapshot_cpu_s" not in mixed and mixed["call_s"] == pytest.approx(0.5 / 100)
+
+
+def test_calibrated_call_cpu_keeps_the_actors_whole_cpu_per_step_at_every_density(tmp_path):
+    # two Ray runs, 2 and 8 workers on 2 cores, whose calls' own CPU grows with the crowd (1 and 2 ms a call) as their
+    # whole CPU per step does: the model's CPU per step (steps, inference, crowding, and the call's own per step) is
+    # each run's measured cpu_s / steps at its density; the growth of the call's own CPU stays in the line
+    import pandas as pd
+    import yaml
+
+    from laglab.sim import calibrate
+
+    E, T = 4, 32
+
+    def run(name, n, cpu_per_step, own_per_call):
+        d = tmp_path / name
+        (d / ".hydra").mkdir(parents=True)
+        (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump({
+            "runner": {"name": "ray"}, "actor": {"envs_per_actor": E}, "env": {"latency_ms": [2.0]},
+            "learner": {"max_kl_behavior": None}}))
+        pd.DataFrame({"learner/compute_s": [0.03, 0.03]}).to_parquet(d / "metrics.parquet")
+        calls, steps = 100, 100 * E * T
+        stats = {str(i): {"steps": steps, "rollouts": calls, "snapshot_s": calls * 4e-3, "infer_s": 0.2,
+                          "env_s": steps * 2.3e-3, "cpu_s": steps * cpu_per_step, "env_cpu_s": 0.3,
+                          "snapshot_cpu_s": calls * own_per_call, "snapshot_wait_s": 0.0} for i in range(n)}
+        (d / "summary.json").write_text(json.dumps({"status": "completed", "actors_stats": stats,
+                                                    "provenance": {"usable_cpus": 2}}))
+        return d, steps
+
+    (calm, _), (crowd, _) = run("calm", 2, 100e-6, 1e-3), run("crowd", 8, 130e-6, 2e-3)
+    c = calibrate([calm, crowd])
+    assert c["snapshot_cpu_s"] == pytest.approx(1e-3)  # (the calm run's)
+    assert c["crowding_s"] > 0
+    for n, measured in ((2, 100e-6), (8, 130e-6)):
+        model = (c["step_cpu_s"] + c["infer_s"] / E + c["crowding_s"] * n / 2 + c["snapshot_cpu_s"] / (E * T))
+        assert model == pytest.approx(measured, rel=1e-6), n
 
 
 def test_a_ray_actor_waits_for_the_board_at_every_call():
@@ -354,6 +393,8 @@ def test_a_ray_calls_own_cpu_is_on_its_way_and_needs_a_core():
         out = simulate(c16, Costs(**{**FREE, "cores": cores, "snapshot_cpu_s": k}), lat)
         assert out["sps_steady"] == pytest.approx(cores * E * T / k, rel=0.03)
         assert out["call_s_mean"] > 4 * k  # (each waits for the others' turns)
+        if cores == 1:  # (every actor but the one on the core waits for it: 15 of 16)
+            assert out["actor_cpu_wait_frac"] == pytest.approx(15 / 16, rel=0.05)
     wait = simulate(c16, Costs(**{**FREE, "cores": 1, "call_s": k}), lat, seed=1)
     assert wait["sps_steady"] > 5 * E * T / k
 

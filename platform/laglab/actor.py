@@ -49,9 +49,10 @@ class ActorStats:
     version: int = -1
     loads: int = 0
     snapshot_s: float = 0.0  # fetching and loading snapshots (the practitioner's "waiting on parameters")
-    snapshot_cpu_s: float = 0.0  # Ray: CPU seconds the worker's process spent over those calls' ways (asking the
-    # board, reading the snapshot from the object store, loading it; a part of cpu_s, with any of its threads' idle
-    # work in the while); 0 elsewhere
+    snapshot_cpu_s: float = 0.0  # Ray: CPU seconds of the thread that runs the calls over their ways (asking the
+    # board, reading the snapshot from the object store, loading it: a part of cpu_s; Ray's own threads' work in the
+    # while is not in it); 0 elsewhere
+    snapshot_wait_s: float = 0.0  # Ray: that thread's waits for a CPU over those ways (its run delay, as cpu_wait_s)
     refreshes: int = 0  # rollouts discarded because the snapshot went stale (actor.refresh_lag)
     discarded_steps: int = 0  # their steps
     env_cpu_s: float = 0.0  # CPU seconds of this thread inside env.step (env_s less what the env waited)

@@ -31,8 +31,9 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   a time, so calls queue for it as the workers grow: at 1 ms an answer it answers at most 1,000 calls a second;
   the board and the learner start on the same core, both being next to the learner), the rest of the round trip
   (``call_s``, a wait), the worker's own CPU on the way (``snapshot_cpu_s``: reading the answer and the snapshot,
-  loading it; on its core before its first env step, so in a crowd the way waits for a core: 1.3 ms of CPU a call
-  at 6 workers, 1.7 at 24, measured 2026-12-07, against calls of 4.8 and 17 ms), ``call_cpu_s`` (what Ray's own
+  loading it; on its core before its first env step, so in a crowd the way waits for a core: the thread that runs
+  the calls spent 0.8 ms of CPU a call at 6 workers and 1.1 at 24, and waited 0.6 and 7.0 ms for a core, in calls
+  of 3.6 and 15.5 ms: ActorStats.snapshot_cpu_s and snapshot_wait_s, 2026-12-07), ``call_cpu_s`` (what Ray's own
   processes compute for it, on a core, beside the call), the actor's CPU and the learner's ``fragment_s`` as
   calibrated from a Ray run; ``call_s_mean`` is a call's mean way
   from the asking to its first env step over the middle half of the updates (a run's actors.parquet
@@ -1024,10 +1025,10 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
             own_process = runner in ("process", "ray")
             if runner == "ray":  # each call asks the board (a Ray round trip) and maybe loads: a wait per call, whose
                 calls = sum(a.get("rollouts", 0) for a in stats.values())  # CPU is in the actor's cpu_s
-                own = sum(a.get("snapshot_cpu_s", 0.0) for a in stats.values())  # (runs from 2026-12-07 04:40 on)
-                c["call_s"] = max(0.0, fetch - own) / max(calls, 1)  # (the worker's own CPU on the way is a cost
-                if own > 0:  # of its own, on a core; taken out of the actors' CPU per step below)
-                    c["snapshot_cpu_s"] = own / max(calls, 1)
+                c["call_s"] = fetch / max(calls, 1)  # (the whole way here: its own CPU and waits come out below)
+                own = sum(a.get("snapshot_cpu_s", 0.0) for a in stats.values())  # (runs from 2026-12-07 05:00 on)
+                c["_own"] = ((own / max(calls, 1), sum(a.get("snapshot_wait_s", 0.0) for a in stats.values())
+                              / max(calls, 1), steps / max(calls, 1)) if own > 0 else None)
                 c["fetch_s"] = 0.0
                 board = dict(((s.get("transport") or {}).get("queue") or {}).get("board") or {})
                 board.setdefault("wall_s", s.get("wall_time_s", 0.0))  # (the first runs with the board's figures,
@@ -1035,7 +1036,7 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
                 if (board.get("answers", 0) >= 0.9 * calls and float(board.get("cpu_s", 0)) > 0
                         and float(board["wall_s"] or 0) > 0):  # (a board that restarted answered fewer: none)
                     c["_board"] = {k: float(board.get(k, 0.0)) for k in ("answers", "cpu_s", "wall_s", "delay_s")}
-                fetch = own  # (what the steps' CPU leaves out: the calls' own, a cost of its own where measured)
+                fetch = 0.0
                 o = others_over_steady(d, m)
                 if o is not None:
                     others.append(o)
@@ -1108,6 +1109,7 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     older = [c.pop("_start_old", None) for c in calm]
     boards = [c.pop("_board", None) for _, c in costs]  # (every run's: none is a cost of its own)
     rests = [(x, c.pop("_rest")) for x, c in costs if "_rest" in c]  # (the runs with the workers' moments)
+    owns = [c.pop("_own", None) for _, c in costs]  # (Ray: per call, the worker's own CPU and waits on its way)
     board, board_wait = board_costs([b for b in boards if b is not None],
                                     [b for (x, _), b in zip(costs, boards) if x == least])
     out: Dict[str, object] = {k: float(np.median([c[k] for c in calm if k in c]))
@@ -1134,6 +1136,16 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     if fit is not None:  # the line is the whole CPU per env step; step_cpu_s is what it holds besides inference
         at_zero, out["crowding_s"] = fit
         out["step_cpu_s"] = max(0.0, at_zero - float(out.get("infer_s", 0.0)) / envs)
+    if owns and all(o is not None for o in owns) and "call_s" in out and "step_cpu_s" in out:  # (every run measured
+        # it, or none counts: no mix of gross and net figures)
+        # the worker's own CPU on a call's way, a cost of its own on a core (the calm runs'): out of the call's wait
+        # with the waits for a core it had there (the model makes its own), and out of the CPU per env step as the
+        # same CPU per step at every density (the line's growth stays in it: steps per call are the config's)
+        calm_own = [o for (x, _), o in zip(costs, owns) if x == least]
+        own_cpu = float(np.median([o[0] for o in calm_own]))
+        out["snapshot_cpu_s"] = own_cpu
+        out["call_s"] = max(0.0, float(out["call_s"]) - own_cpu - float(np.median([o[1] for o in calm_own])))
+        out["step_cpu_s"] = max(0.0, float(out["step_cpu_s"]) - own_cpu / float(np.median([o[2] for o in owns])))
     if others:  # the slope over runs at two call rates (what is left at none is the machine's idle noise)
         rate = np.asarray([o[0] for o in others])
         busy = np.asarray([o[1] for o in others])
