@@ -49,10 +49,10 @@ class ActorStats:
     version: int = -1
     loads: int = 0
     snapshot_s: float = 0.0  # fetching and loading snapshots (the practitioner's "waiting on parameters")
-    snapshot_cpu_s: float = 0.0  # Ray: CPU seconds of the thread that runs the calls over their ways (asking the
-    # board, reading the snapshot from the object store, loading it: a part of cpu_s; Ray's own threads' work in the
-    # while is not in it); 0 elsewhere
-    snapshot_wait_s: float = 0.0  # Ray: that thread's waits for a CPU over those ways (its run delay, as cpu_wait_s)
+    snapshot_cpu_s: float = 0.0  # Ray: CPU seconds the worker's process spent over its calls' ways (asking the
+    # board, Ray's I/O thread taking the answer, reading the snapshot from the object store, loading it: a part of
+    # cpu_s; with its threads' idle work in the while, 6-7 ms a second: 0.03 ms of a 5 ms call); 0 elsewhere
+    snapshot_wait_s: float = 0.0  # Ray: the calls' thread's waits for a CPU over those ways (its run delay)
     refreshes: int = 0  # rollouts discarded because the snapshot went stale (actor.refresh_lag)
     discarded_steps: int = 0  # their steps
     env_cpu_s: float = 0.0  # CPU seconds of this thread inside env.step (env_s less what the env waited)

@@ -31,9 +31,10 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   a time, so calls queue for it as the workers grow: at 1 ms an answer it answers at most 1,000 calls a second;
   the board and the learner start on the same core, both being next to the learner), the rest of the round trip
   (``call_s``, a wait), the worker's own CPU on the way (``snapshot_cpu_s``: reading the answer and the snapshot,
-  loading it; on its core before its first env step, so in a crowd the way waits for a core: the thread that runs
-  the calls spent 0.8 ms of CPU a call at 6 workers and 1.1 at 24, and waited 0.6 and 7.0 ms for a core, in calls
-  of 3.6 and 15.5 ms: ActorStats.snapshot_cpu_s and snapshot_wait_s, 2026-12-07), ``call_cpu_s`` (what Ray's own
+  loading it; on its core before its first env step, so in a crowd the way waits for a core: the worker's process
+  spent 1.3 ms of CPU a call at 6 workers and 1.7 at 24, its calls' thread 0.8 and 1.1 of it (the rest is mostly
+  Ray's I/O thread taking the answer), and that thread waited 0.6 and 7.0 ms for a core, in calls of 3.6-4.8 and
+  15.5-17 ms: ActorStats.snapshot_cpu_s and snapshot_wait_s, 2026-12-07), ``call_cpu_s`` (what Ray's own
   processes compute for it, on a core, beside the call), the actor's CPU and the learner's ``fragment_s`` as
   calibrated from a Ray run; ``call_s_mean`` is a call's mean way
   from the asking to its first env step over the middle half of the updates (a run's actors.parquet

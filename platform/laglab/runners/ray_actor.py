@@ -172,7 +172,7 @@ class RolloutWorker:
 
         if self.killed:  # (calls queued behind a scripted kill, before the learner's ray.kill lands)
             raise RuntimeError(f"actor {self.actor_id} (incarnation {self.inc}) was killed")
-        t0, cpu0, wait0 = time.perf_counter(), time.thread_time(), run_delay_s()
+        t0, cpu0, wait0 = time.perf_counter(), time.process_time(), run_delay_s()
         version, snapshot = ray.get(board.newest.remote(self.version))
         if snapshot is not None and self.actor.wants(version):  # (actor.sync_min_lag: maybe keep ours)
             flat = ray.get(snapshot[0])  # the object store's copy on this node, read in place
@@ -182,7 +182,7 @@ class RolloutWorker:
             self.actor.stats.snapshot_s += time.perf_counter() - t0  # asking is waiting on parameters too
             if self.version < 0:  # a board that restarted and has no snapshot yet: the learner posts it again
                 raise RuntimeError("the snapshot board has no snapshot (it restarted); the learner reposts it")
-        self.actor.stats.snapshot_cpu_s += time.thread_time() - cpu0  # (the call's own CPU on its way: it needs a
+        self.actor.stats.snapshot_cpu_s += time.process_time() - cpu0  # (the call's own CPU on its way: it needs a
         self.actor.stats.snapshot_wait_s += run_delay_s() - wait0  # core, so in a crowd the way waits for one)
         ro = self.actor.collect(newest=_Poll(board, version), check_every=stale_check_every(self.cfg.actor.rollout_len))
         self.produced += ro.steps
