@@ -61,18 +61,21 @@ def ray_findings(df: pd.DataFrame, ray_path: dict) -> List[str]:
     if "sps_ray" not in df:
         return []
     out = []
-    board = float(ray_path.get("board_cpu_s", float("nan")))
+    board = float(ray_path.get("board_cpu_s", 0.0) or 0.0)
     for preset, g in df.groupby("preset", sort=False):
         g = g.sort_values("actors")
         top = g.iloc[-1]
         sat = g[g["learner_util_ray"] >= SATURATED]
         where = f"the learner saturates by N = {int(sat['actors'].iloc[0])}" if len(sat) else \
             f"the learner is not saturated at N = {int(top['actors'])}"
-        ceiling = float(top["steps_per_call"]) / board
-        out.append(f"{preset} on Ray: {where}; {top['sps_ray']:.4g} SPS at N = {int(top['actors'])} "
-                   f"({top['sps_ray'] / top['sps']:.2f}x the process runner's); the board at most "
-                   f"{g['board_util_ray'].max():.0%} busy (alone it would cap near {ceiling:.3g} SPS: "
-                   f"{int(top['steps_per_call'])} steps a call, {1e3 * board:.2f} ms an answer)")
+        flat = g[g["sps_ray"] >= 0.99 * g["sps_ray"].max()]  # (the plateau: within 1% of the most)
+        line = (f"{preset} on Ray: {where}; {top['sps_ray']:.4g} SPS at N = {int(top['actors'])} "
+                f"({top['sps_ray'] / top['sps']:.2f}x the process runner's; within 1% of it from N = "
+                f"{int(flat['actors'].iloc[0])}); the board at most {g['board_util_ray'].max():.0%} busy")
+        if board > 0 and "steps_per_call" in g:
+            line += (f" (alone it would cap near {float(top['steps_per_call']) / board:.3g} SPS: "
+                     f"{int(top['steps_per_call'])} steps a call, {1e3 * board:.2f} ms an answer)")
+        out.append(line)
     return out
 
 

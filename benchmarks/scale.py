@@ -11,8 +11,11 @@ machine; a preset without one runs on laglab.sim's default costs and its rows sa
 Each count runs twice: as the process runner moves fragments (``sps``, ``learner_util``, ...) and as ``runner=ray``
 does (the ``*_ray`` columns): rollout calls, ``runner.max_inflight``, and the snapshot board, one process answering
 one call at a time, on a CPU of its own; the Ray path's costs from ``<costs-dir>/ray_path.json`` (the board's answer,
-the rest of a call's round trip, the learner's time per fragment through Ray) over the preset's. ``board_util_ray``
-is the board's busy share: where it nears 1, the board sets the pace, not the learner.
+the rest of a call's round trip, the learner's time per fragment through Ray and, where calibrated, the worker's own
+CPU per call; no ``fetch_s``: a snapshot's load is part of a Ray call) over the preset's. ``board_util_ray`` is the
+board's busy share: where it nears 1, the board sets the pace, not the learner. Ray's other processes' CPU per call
+(``call_cpu_s``) is left out: on a cluster it runs on the workers' nodes, beside them. Without ``ray_path.json`` the
+study has no Ray columns.
 
 Seed 004's rule: grow the actor count while throughput still pays and the policy lag keeps KL(behavior || current)
 within its band (< 0.01 fine, 0.01-0.03 watch, > 0.03 too stale). KL is not in the model (it depends on the
@@ -46,7 +49,8 @@ PRESETS = {
 LATENCY = {"robot20ms": "lognormal:20,0.2"}  # a simulator's step time jitters (fixed steps would phase-lock)
 KL_STUDIES = {"CartPole-v1": "reports/lag_cost_tuned_cartpole", "Pendulum-v1": "reports/lag_cost_tuned_pendulum"}
 ENV_IDS = {"cartpole": "CartPole-v1", "halfcheetah": "HalfCheetah-v5", "robot20ms": None}
-RAY_PATH = ("board_cpu_s", "call_s", "fragment_s")  # what ray_path.json sets over a preset's costs
+RAY_PATH = ("board_cpu_s", "call_s", "fragment_s")  # what ray_path.json must set over a preset's costs
+RAY_OPTIONAL = ("snapshot_cpu_s",)  # and may (calibrations from 2026-12-07 05:00 on: a call's own CPU)
 
 
 def per_call(preset: str) -> int:
@@ -72,8 +76,10 @@ def simulate(preset: str, n: int, costs: Optional[Path], ray: Optional[Path] = N
         cmd += ["--costs", str(costs)]
     if costs is None or "fragment_s" not in json.loads(costs.read_text()):
         cmd += ["--cost", f"fragment_s={RAY_FRAGMENT_S}"]
-    if ray is not None:
-        cmd += [x for k in RAY_PATH for x in ("--cost", f"{k}={json.loads(ray.read_text())[k]}")]
+    if ray is not None:  # (a snapshot's load is part of a Ray call's way, as Ray's calibrations have it: no fetch_s)
+        rp = json.loads(ray.read_text())
+        cmd += [x for k in (*RAY_PATH, *RAY_OPTIONAL) if k in rp for x in ("--cost", f"{k}={rp[k]}")]
+        cmd += ["--cost", "fetch_s=0"]
     if preset in LATENCY:
         cmd += ["--latency", LATENCY[preset]]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -115,9 +121,12 @@ def main() -> int:
     out = Path(a.out or f"/tmp/scale_{time.strftime('%Y%m%d_%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    ray = Path(a.costs_dir) / "ray_path.json"
-    if not ray.exists() or any(k not in json.loads(ray.read_text()) for k in RAY_PATH):
-        ap.error(f"{ray}: the Ray path's costs ({', '.join(RAY_PATH)}) are needed for the *_ray columns")
+    ray: Optional[Path] = Path(a.costs_dir) / "ray_path.json"
+    if not ray.exists():
+        print(f"{ray}: none, so no runner=ray columns", file=sys.stderr)
+        ray = None
+    elif any(k not in json.loads(ray.read_text()) for k in RAY_PATH):
+        ap.error(f"{ray}: the Ray path's costs need {', '.join(RAY_PATH)}")
     for preset in a.presets.split(","):
         costs = Path(a.costs_dir) / f"{preset}.json"
         costs = costs if costs.exists() else None
@@ -125,25 +134,29 @@ def main() -> int:
         study = ROOT / KL_STUDIES[env_id] if env_id in KL_STUDIES else None
         kl, kl_lag_max = kl_map(study) if study is not None and (study / "selection.csv").exists() else (None, None)
         for n in map(int, a.actors.split(",")):
-            o, r = simulate(preset, n, costs), simulate(preset, n, costs, ray)
+            o = simulate(preset, n, costs)
             kl_at = kl(o["lag_mean"]) if kl is not None else float("nan")
             rows.append({"preset": preset, "actors": n, "costs": "calibrated" if costs else "uncalibrated",
                          "sps": o["sps_steady"], "learner_util": o["learner_utilization"],
                          "lag_mean": o["lag_mean"], "lag_p95": o["lag_p95"], "age_s": o["age_s_mean"],
                          "drop@4": dropped_by(o["lag_hist"], 4), "drop@16": dropped_by(o["lag_hist"], 16),
                          "kl_pred": kl_at,
-                         "kl_extrapolated": bool(kl is not None and o["lag_mean"] > kl_lag_max),
-                         "sps_ray": r["sps_steady"], "learner_util_ray": r["learner_utilization"],
-                         "board_util_ray": r["board_utilization"], "lag_mean_ray": r["lag_mean"],
-                         "steps_per_call": per_call(preset)})
+                         "kl_extrapolated": bool(kl is not None and o["lag_mean"] > kl_lag_max)})
+            if ray is not None:
+                r = simulate(preset, n, costs, ray)
+                rows[-1].update({"sps_ray": r["sps_steady"], "learner_util_ray": r["learner_utilization"],
+                                 "board_util_ray": r["board_utilization"], "lag_mean_ray": r["lag_mean"],
+                                 "steps_per_call": per_call(preset)})
             print(json.dumps(rows[-1], default=float), flush=True)
     df = pd.DataFrame(rows)
-    scale_report.write(out, df, {"command": "python benchmarks/scale.py " + " ".join(sys.argv[1:]),
-                                 "kl_max": a.kl_max, "ray_path": json.loads(ray.read_text())})
+    meta = {"command": "python benchmarks/scale.py " + " ".join(sys.argv[1:]), "kl_max": a.kl_max}
+    if ray is not None:
+        meta["ray_path"] = json.loads(ray.read_text())
+    scale_report.write(out, df, meta)
     print()
     print(df.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     print()
-    for line in scale_report.findings(df, a.kl_max):
+    for line in scale_report.findings(df, a.kl_max) + scale_report.ray_findings(df, meta.get("ray_path") or {}):
         print(line)
     print(f"\nwritten: {scale_report.rebuild(out)} (python -m analysis.report {out} rebuilds it)")
     return 0
