@@ -91,10 +91,12 @@ def build(d: str | Path) -> str:
     lines += [f"- {f}" for f in ray_findings(df, meta.get("ray_path") or {})] + [""]
     if "ray_path" in meta:
         rp = meta["ray_path"]
-        lines += [f"The `*_ray` columns: `runner=ray` with the board's answer {1e3 * rp['board_cpu_s']:.2f} ms, the "
-                  f"rest of a call's round trip {1e3 * rp['call_s']:.2f} ms and the learner's time per fragment through Ray "
-                  f"{1e3 * rp['fragment_s']:.2f} ms ({'; '.join(rp.get('calibrated_from', []))}); the board on a CPU "
-                  "of its own.", ""]
+        own = (f", the worker's own CPU per call {1e3 * rp['snapshot_cpu_s']:.2f} ms on its core"
+               if "snapshot_cpu_s" in rp else "")
+        lines += [f"The `*_ray` columns: `runner=ray` with the board's answer {1e3 * rp['board_cpu_s']:.2f} ms{own}, "
+                  f"the rest of a call's round trip {1e3 * rp['call_s']:.2f} ms and the learner's time per fragment "
+                  f"through Ray {1e3 * rp['fragment_s']:.2f} ms ({'; '.join(rp.get('calibrated_from', []))}); the "
+                  "board on a CPU of its own.", ""]
     cols = ["preset", "actors", "costs", "sps", "learner_util", "lag_mean", "lag_p95", "age_s", "drop@4", "drop@16",
             "kl_pred", "kl_extrapolated", "sps_ray", "learner_util_ray", "board_util_ray", "lag_mean_ray"]
     cols = [c for c in cols if c in df]  # (studies before 2026-12-07 have no Ray columns)

@@ -66,19 +66,20 @@ def steps_for(n: int, per_rollout: int) -> int:
     return int(max(10 * n * per_rollout, 200 * 1024))
 
 
-def simulate(preset: str, n: int, costs: Optional[Path], ray: Optional[Path] = None) -> Dict[str, float]:
-    """The model's outputs for ``preset`` at ``n`` actors, each on a CPU of its own; ``ray``: as ``runner=ray``
-    with those Ray path costs over the preset's (the snapshot board on a CPU of its own too)."""
+def simulate(preset: str, n: int, costs: Optional[Path], per_rollout: int, ray: Optional[dict] = None
+             ) -> Dict[str, float]:
+    """The model's outputs for ``preset`` at ``n`` actors, each on a CPU of its own (``per_rollout``: its rollout's
+    env steps, :func:`per_call`); ``ray``: as ``runner=ray`` with those Ray path costs (ray_path.json) over the
+    preset's (the snapshot board on a CPU of its own too)."""
     ovs = [*PRESETS[preset], f"runner={'ray' if ray else 'process'}", f"actors={n}"]
-    ovs.append(f"total_env_steps={steps_for(n, per_call(preset))}")
+    ovs.append(f"total_env_steps={steps_for(n, per_rollout)}")
     cmd = [sys.executable, "-m", "laglab.sim", *ovs, "--json", "--cost", f"cores={n + (2 if ray else 1)}"]
     if costs is not None:
         cmd += ["--costs", str(costs)]
     if costs is None or "fragment_s" not in json.loads(costs.read_text()):
         cmd += ["--cost", f"fragment_s={RAY_FRAGMENT_S}"]
     if ray is not None:  # (a snapshot's load is part of a Ray call's way, as Ray's calibrations have it: no fetch_s)
-        rp = json.loads(ray.read_text())
-        cmd += [x for k in (*RAY_PATH, *RAY_OPTIONAL) if k in rp for x in ("--cost", f"{k}={rp[k]}")]
+        cmd += [x for k in (*RAY_PATH, *RAY_OPTIONAL) if k in ray for x in ("--cost", f"{k}={ray[k]}")]
         cmd += ["--cost", "fetch_s=0"]
     if preset in LATENCY:
         cmd += ["--latency", LATENCY[preset]]
@@ -121,20 +122,22 @@ def main() -> int:
     out = Path(a.out or f"/tmp/scale_{time.strftime('%Y%m%d_%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    ray: Optional[Path] = Path(a.costs_dir) / "ray_path.json"
-    if not ray.exists():
-        print(f"{ray}: none, so no runner=ray columns", file=sys.stderr)
-        ray = None
-    elif any(k not in json.loads(ray.read_text()) for k in RAY_PATH):
-        ap.error(f"{ray}: the Ray path's costs need {', '.join(RAY_PATH)}")
+    ray_file, ray = Path(a.costs_dir) / "ray_path.json", None
+    if not ray_file.exists():
+        print(f"{ray_file}: none, so no runner=ray columns", file=sys.stderr)
+    else:
+        ray = json.loads(ray_file.read_text())
+        if any(k not in ray for k in RAY_PATH):
+            ap.error(f"{ray_file}: the Ray path's costs need {', '.join(RAY_PATH)}")
     for preset in a.presets.split(","):
         costs = Path(a.costs_dir) / f"{preset}.json"
         costs = costs if costs.exists() else None
+        steps = per_call(preset)  # (one composition per preset)
         env_id = ENV_IDS[preset]
         study = ROOT / KL_STUDIES[env_id] if env_id in KL_STUDIES else None
         kl, kl_lag_max = kl_map(study) if study is not None and (study / "selection.csv").exists() else (None, None)
         for n in map(int, a.actors.split(",")):
-            o = simulate(preset, n, costs)
+            o = simulate(preset, n, costs, steps)
             kl_at = kl(o["lag_mean"]) if kl is not None else float("nan")
             rows.append({"preset": preset, "actors": n, "costs": "calibrated" if costs else "uncalibrated",
                          "sps": o["sps_steady"], "learner_util": o["learner_utilization"],
@@ -143,15 +146,15 @@ def main() -> int:
                          "kl_pred": kl_at,
                          "kl_extrapolated": bool(kl is not None and o["lag_mean"] > kl_lag_max)})
             if ray is not None:
-                r = simulate(preset, n, costs, ray)
+                r = simulate(preset, n, costs, steps, ray)
                 rows[-1].update({"sps_ray": r["sps_steady"], "learner_util_ray": r["learner_utilization"],
                                  "board_util_ray": r["board_utilization"], "lag_mean_ray": r["lag_mean"],
-                                 "steps_per_call": per_call(preset)})
+                                 "steps_per_call": steps})
             print(json.dumps(rows[-1], default=float), flush=True)
     df = pd.DataFrame(rows)
     meta = {"command": "python benchmarks/scale.py " + " ".join(sys.argv[1:]), "kl_max": a.kl_max}
     if ray is not None:
-        meta["ray_path"] = json.loads(ray.read_text())
+        meta["ray_path"] = ray
     scale_report.write(out, df, meta)
     print()
     print(df.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
