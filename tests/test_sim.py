@@ -599,6 +599,57 @@ def test_calibration_takes_the_other_processes_cpu_per_call_from_two_call_rates(
     assert restarted["call_s"] == pytest.approx((0.1 / 80 + 0.1 / 320) / 2)
 
 
+def test_calibration_takes_the_waits_for_a_core_out_of_the_sleeps_overshoot(tmp_path):
+    # a sleeping env step wakes to wait for a core inside the step: its time beyond the latency and its own CPU holds
+    # the share of the actors' waits that falls there. The model makes those waits itself, so step_wait_s is the
+    # calm run's overshoot less that share of its waits, the share being the slope over runs at two densities
+    # (overshoot = 60 us + 0.75 x waits here: 90 us at 40 us of waits a step, 360 at 400); the middle half's figures
+    import pandas as pd
+    import yaml
+
+    from laglab.sim import calibrate
+
+    def run_dir(n, waits, runner="ray", waited=True, latency=(2.0,)):
+        d = tmp_path / f"{runner}_a{n}_{waited}_{len(latency)}"
+        (d / ".hydra").mkdir(parents=True)
+        (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump({
+            "runner": {"name": runner}, "actor": {"envs_per_actor": 4}, "env": {"latency_ms": list(latency)},
+            "learner": {"max_kl_behavior": None}}))
+        over = 60e-6 + 0.75 * waits
+        updates = 8
+        pd.DataFrame({"update": range(1, updates + 1), "wall_time": [float(u) for u in range(1, updates + 1)],
+                      "learner/compute_s": [0.01] * updates}).to_parquet(d / "metrics.parquet")
+        rows = []
+        for u in range(1, updates + 1):
+            steps = 1280.0 * u
+            for i in range(n):  # cumulative per actor; a call's way waits 1 ms of its own (not the steps')
+                slept = latency[i % len(latency)] / 1000
+                rows.append({"update": u, "actor": i, "steps": steps, "env_s": steps * (slept + 10e-6 + over),
+                             "env_cpu_s": steps * 10e-6, "cpu_wait_s": (steps * waits + 0.001 * u) if waited else 0.0,
+                             "snapshot_wait_s": 0.001 * u})
+        pd.DataFrame(rows).to_parquet(d / "actors.parquet")
+        # the whole run's figures (what the calibration took alone until 2026-12-07): the overshoot with the waits
+        stats = {str(i): {"steps": 10240, "rollouts": 80, "snapshot_s": 0.4, "infer_s": 10240 / 4 * 100e-6,
+                          "env_s": 10240 * (latency[i % len(latency)] / 1000 + 10e-6 + over), "cpu_s": 10240 * 100e-6,
+                          "env_cpu_s": 10240 * 10e-6} for i in range(n)}
+        (d / "summary.json").write_text(json.dumps({"status": "completed", "actors_stats": stats,
+                                                    "transport": {"admitted_fragments": 80 * n * 4}}))
+        return d
+
+    calm, crowded = run_dir(6, 40e-6), run_dir(24, 400e-6)
+    out = calibrate([calm, crowded])
+    assert out["step_wait_s"] == pytest.approx(60e-6)  # (not the calm run's 90 us)
+    assert calibrate([calm])["step_wait_s"] == pytest.approx(90e-6)  # (one density: no share to take)
+    # all or none: a run that did not measure its waits leaves the overshoot as measured
+    assert calibrate([calm, run_dir(24, 400e-6, waited=False)])["step_wait_s"] == pytest.approx(90e-6)
+    # the process runner's actors have no calls' ways: every wait counts
+    p_out = calibrate([run_dir(6, 40e-6, runner="process"), run_dir(24, 400e-6, runner="process")])
+    assert p_out["step_wait_s"] == pytest.approx(60e-6 - 0.75 * 0.001 / 1280, rel=1e-3)
+    # the latency each actor slept is its own (env.latency_ms cycled over the actors): 1 and 3 ms in turn
+    mixed = calibrate([run_dir(6, 40e-6, latency=(1.0, 3.0)), run_dir(24, 400e-6, latency=(1.0, 3.0))])
+    assert mixed["step_wait_s"] == pytest.approx(60e-6)
+
+
 def test_calibration_takes_what_it_measures_as_wall_time_from_the_least_crowded_runs(tmp_path):
     import os
 

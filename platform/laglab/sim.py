@@ -115,7 +115,8 @@ class Costs:
     infer_s: float = 150e-6  # actor: one batched forward pass over its envs (per rollout step)
     step_cpu_s: float = 20e-6  # actor: CPU per env step besides the env's wait (a CPU-bound env's whole step)
     step_wait_s: float = 0.0  # actor: wall time per env step beyond the configured latency that holds no core
-                              # (env=latency: the sleep's overshoot)
+                              # (env=latency: the sleep's overshoot, less the waits for a core it held in the
+                              # calibration runs: the model makes its own)
     fetch_s: float = 1e-3  # actor: fetching and loading a snapshot
     send_s: float = 20e-6  # actor: handing one fragment over
     crowding_s: float = 0.0  # actor: CPU per env step added by each actor per core (step_cpu_s + crowding_s x
@@ -939,7 +940,13 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     core) and ``step_cpu_s`` for every other env (the whole step computes). Where the run measured its actor
     processes' CPU (``cpu_s``: process and Ray runners), ``step_cpu_s`` is that CPU besides inference and snapshot
     loads per env step (env code, bookkeeping, sends, polls: what makes many actors contend for cores), and the
-    latency env's ``step_wait_s`` is what its steps took beyond the latency and their own CPU (``env_cpu_s``).
+    latency env's ``step_wait_s`` is what its steps took beyond the latency and their own CPU (``env_cpu_s``),
+    less the waits for a core it held where the runs measured them over their middle half (actors.parquet
+    ``cpu_wait_s``, on Ray less the calls' ways' ``snapshot_wait_s``): a sleeping step wakes to wait for a core
+    inside the step, so its overshoot grows with the waits (63 us + 0.735 x the waits per step over nine Ray runs
+    of 4-32 workers, 2026-12-07), and the model, which makes its own waits, would count the calm runs' twice (at
+    6 workers 32 us of the 106 a step). The share is the slope over runs whose waits differ by 1.5x or more
+    (:func:`wait_share`), taken from every run or from none; with one density the overshoot stays as measured.
     Ray runs: each call's round trip to the snapshot board is ``call_s`` (a wait), less the worker's own CPU over
     it where the run measured that (``ActorStats.snapshot_cpu_s``: ``snapshot_cpu_s`` per call, a cost of its own,
     taken out of the CPU per env step too; older runs leave it in ``cpu_s``) and less the board's CPU per answer
@@ -1048,6 +1055,9 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
                 wait = sum(lat[i % len(lat)] / 1000.0 * a.get("steps", 0) for i, a in stats.items())
                 in_env = env_cpu if env_cpu > 0 else (step_cpu or 0.0) * steps  # (older runs: all of it)
                 c["step_wait_s"] = max(0.0, (env_s - wait - in_env) / steps)
+                shot = steady_overshoot(d, m, lat, runner)
+                if shot is not None:  # (the same over the middle half, with the waits for a core the steps held)
+                    c["_shot"] = shot
                 if step_cpu is not None:
                     c["step_cpu_s"] = step_cpu
             else:
@@ -1111,6 +1121,7 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     boards = [c.pop("_board", None) for _, c in costs]  # (every run's: none is a cost of its own)
     rests = [(x, c.pop("_rest")) for x, c in costs if "_rest" in c]  # (the runs with the workers' moments)
     owns = [c.pop("_own", None) for _, c in costs]  # (Ray: per call, the worker's own CPU and waits on its way)
+    shots = [c.pop("_shot", None) for _, c in costs]  # (env=latency: per step, the waits for a core and the overshoot)
     board, board_wait = board_costs([b for b in boards if b is not None],
                                     [b for (x, _), b in zip(costs, boards) if x == least])
     out: Dict[str, object] = {k: float(np.median([c[k] for c in calm if k in c]))
@@ -1147,6 +1158,12 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
         out["snapshot_cpu_s"] = own_cpu
         out["call_s"] = max(0.0, float(out["call_s"]) - own_cpu - float(np.median([o[1] for o in calm_own])))
         out["step_cpu_s"] = max(0.0, float(out["step_cpu_s"]) - own_cpu / float(np.median([o[2] for o in owns])))
+    share = wait_share(shots) if "step_wait_s" in out and all(x is not None for x in shots) else None
+    if share is not None:  # the sleep's overshoot holds that share of the waits for a core: the model makes its own,
+        # so it is the calm runs' overshoot less their waits' share (else a prediction of the calm run itself would
+        # count its waits twice: 2026-12-07, 32 us of 106 a step at 6 Ray workers)
+        calm_shot = [o for (x, _), o in zip(costs, shots) if x == least]
+        out["step_wait_s"] = float(np.median([max(0.0, over - share * w) for w, over in calm_shot]))
     if others:  # the slope over runs at two call rates (what is left at none is the machine's idle noise)
         rate = np.asarray([o[0] for o in others])
         busy = np.asarray([o[1] for o in others])
@@ -1159,6 +1176,40 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     out["calibrated_from"] = used
     out["calibrated_actors_per_core"] = [min(x for x, _ in costs), max(x for x, _ in costs)]
     return out
+
+
+def steady_overshoot(run_dir: Path, m, lat: Sequence[float], runner: str) -> Optional[Tuple[float, float]]:
+    """env=latency: (the actors' waits for a core per env step outside their calls' ways, the steps' time beyond
+    the latency and the env's own CPU per env step) over the middle half of the updates; None where the run did not
+    measure them (actors.parquet ``cpu_wait_s``, ``env_cpu_s``; on Ray ``snapshot_wait_s``)."""
+    cols = ["steps", "env_s", "env_cpu_s", "cpu_wait_s"] + (["snapshot_wait_s"] if runner == "ray" else [])
+    steady = steady_actor_deltas(run_dir, m, cols)
+    if steady is None or not lat:
+        return None
+    d = steady[0]
+    steps = float(d["steps"].sum())
+    if steps <= 0 or float(d["env_cpu_s"].sum()) <= 0 or float(d["cpu_wait_s"].sum()) <= 0:
+        return None
+    slept = sum(lat[int(i) % len(lat)] / 1000.0 * float(n) for i, n in d["steps"].items())
+    waits = float(d["cpu_wait_s"].sum()) - (float(d["snapshot_wait_s"].sum()) if runner == "ray" else 0.0)
+    return max(0.0, waits) / steps, (float(d["env_s"].sum()) - slept - float(d["env_cpu_s"].sum())) / steps
+
+
+def wait_share(points: Sequence[Tuple[float, float]]) -> Optional[float]:
+    """The share of the actors' waits for a core that falls inside their env steps' time: the slope of the
+    overshoot per step over the waits per step (``points``: (waits, overshoot) of runs at two or more densities,
+    least squares), at most 1; None where the runs' waits do not differ by 1.5x or the slope is not positive. A
+    sleeping step wakes to wait for a core inside the env's step, the rest of the waits fall in inference and the
+    rollout's bookkeeping: 0.735 over nine Ray runs of 4-32 workers here (2026-12-07; an overshoot of 63 us with
+    none), and 0.60 between the 6- and 24-worker calibration runs of that set."""
+    if len(points) < 2:
+        return None
+    w = np.asarray([p[0] for p in points], float)
+    o = np.asarray([p[1] for p in points], float)
+    if w.min() <= 0 or w.max() < 1.5 * w.min():
+        return None
+    slope = float(np.polyfit(w, o, 1)[0])
+    return min(slope, 1.0) if slope > 0 else None
 
 
 def board_costs(every: Sequence[Dict[str, float]], calm: Sequence[Optional[Dict[str, float]]]):
