@@ -316,6 +316,9 @@ def test_scripted_actor_restart_mid_episode(tmp_path, runner, kind):
             # killed before they asked, and flushes, it never saw
             assert 0 < board["answers"] <= t["queue"]["calls"] and board["polls"] == 0, board
             assert board["cpu_s"] > 0 and 0 < board["wall_s"] < s["wall_time_s"] and board["delay_s"] >= 0, board
+            # the learner's own time posting each publication after the first (laglab.sim's publish_s): one per
+            # update here (broadcast_every 1), each a fraction of the run
+            assert board["publishes"] == s["updates"] and 0 < board["publish_s"] < s["wall_time_s"], board
             for k in slots["first_env_step"]:
                 assert slots["born"][k] < slots["booted"][k] < slots["built"][k] <= slots["first_env_step"][k], slots
 

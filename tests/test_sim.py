@@ -401,21 +401,27 @@ def test_a_ray_calls_own_cpu_is_on_its_way_and_needs_a_core():
 
 def test_the_snapshot_board_answers_one_call_at_a_time():
     # every actor and the learner on a core of its own, no env wait, no CPU but the board's: one process answering
-    # calls one at a time, k each, so calls run at 1 / k a second and the run at E T / k steps a second, however
-    # many actors ask; one actor alone waits k + call_s per call (its round trip: call_s_mean)
+    # calls one at a time, k each, and taking the learner's post of each publication in turn (k too), so with c
+    # calls a batch the run goes at E T / k x c / (c + 1) steps a second, however many actors ask; one actor alone
+    # waits k + call_s per call (its round trip: call_s_mean)
+    from laglab.config import batch_fragments
+
     k = 4e-3
     lat = Latency("fixed", per_actor_ms=[0.0])
     c = cfg("actors=16", "actor.max_lead_steps=null", "runner=ray")
     E, T = c.actor.envs_per_actor, c.actor.rollout_len
+    per_batch = batch_fragments(c) / E
     out = simulate(c, Costs(**{**FREE, "board_cpu_s": k}), lat)
-    assert out["sps_steady"] == pytest.approx(E * T / k, rel=0.03)
+    assert out["sps_steady"] == pytest.approx(E * T / k * per_batch / (per_batch + 1), rel=0.03)
     assert out["call_s_mean"] > 8 * k  # (16 actors queue for it: each waits for most of the others' answers)
     assert out["board_utilization"] > 0.95  # (it sets the pace: busy all the time)
     one = simulate(cfg("actors=1", "actor.max_lead_steps=null", "runner=ray"),
                    Costs(**{**FREE, "board_cpu_s": k, "call_s": 0.002, "infer_s": 1e-4}), lat, seed=3)
     assert one["call_s_mean"] == pytest.approx(k + 0.002, rel=0.15)  # (the rest of the trip: exponential draws)
-    # one actor keeps it busy k of every call's k + call_s + the rollout's inference (E T steps: T of 0.1 ms)
-    assert one["board_utilization"] == pytest.approx(k / (k + 0.002 + T * 1e-4), rel=0.1)
+    # one actor keeps it busy k of every call's k + call_s + the rollout's inference (E T steps: T of 0.1 ms), and
+    # the posts k more a batch of its calls
+    alone = batch_fragments(cfg("actors=1", "actor.max_lead_steps=null", "runner=ray")) / E
+    assert one["board_utilization"] == pytest.approx(k * (1 + 1 / alone) / (k + 0.002 + T * 1e-4), rel=0.1)
     assert math.isnan(simulate(cfg("actors=2"), Costs(**FREE), lat)["board_utilization"])  # (no board off Ray)
     # the same CPU per call beside the calls (call_cpu_s: Ray's processes, on free cores) holds no actor up
     free = simulate(c, Costs(**{**FREE, "call_cpu_s": k}), lat)
@@ -426,6 +432,35 @@ def test_the_snapshot_board_answers_one_call_at_a_time():
                       Costs(**{**FREE, "cores": 1, "update_s": 0.05, "step_cpu_s": 50e-6, "board_cpu_s": k}),
                       Latency("fixed", per_actor_ms=[1.0]))
     assert shared["call_s_mean"] > 2 * k
+
+
+def test_a_publication_reaches_the_ray_board_after_the_learners_post():
+    # on Ray the learner posts each publication (publish_s of its CPU: encoding, the object store, the board's call)
+    # and the board takes the post in turn with the calls; a call acts with the version the board answered, so calls
+    # asked in between act with the version before
+    lat = Latency("fixed", per_actor_ms=[0.0])
+    c = cfg("actors=1", "actor.max_lead_steps=null", "runner=ray", "total_env_steps=40960")
+    base = {**FREE, "update_s": 0.010, "board_cpu_s": 1e-3, "infer_s": 1e-4}
+    posted = simulate(c, Costs(**{**base, "publish_s": 0.004}), lat)
+    plain = simulate(c, Costs(**base), lat)
+    # the learner's time: each update and each post (the fragments cost nothing here)
+    assert posted["learner_utilization"] * posted["wall_s"] == pytest.approx(
+        posted["updates"] * (0.010 + 0.004), rel=1e-6)
+    assert plain["learner_utilization"] * plain["wall_s"] == pytest.approx(plain["updates"] * 0.010, rel=1e-6)
+    # the board's time: each answer and each post
+    assert posted["board_utilization"] * posted["wall_s"] == pytest.approx(
+        (posted["env_steps"] / c.actor.envs_per_actor / c.actor.rollout_len + posted["updates"]) * 1e-3, rel=0.01)
+    # workers of several latencies ask at every moment: the longer the post, the more calls act with the version
+    # before, and the larger the mean lag
+    many = cfg("actors=8", "actor.max_lead_steps=null", "runner=ray", "total_env_steps=163840")
+    spread = Latency("fixed", per_actor_ms=[1.0, 1.3, 1.7, 2.0, 2.3, 2.7, 3.0, 3.3])
+    lags = [simulate(many, Costs(**{**base, "publish_s": p}), spread)["lag_mean"] for p in (0.0, 0.02, 0.08)]
+    assert lags[0] + 0.05 < lags[1] and lags[1] + 0.05 < lags[2], lags
+    # the version is the board's answer, the way's own CPU (reading and loading the snapshot) comes after it: a
+    # longer way starts the rollout later with the same version, so it cannot make the data fresher (read at the
+    # way's end instead, 30 ms of it took the mean lag from 1.03 to 0.80)
+    ways = [simulate(many, Costs(**{**base, "snapshot_cpu_s": k}), spread)["lag_mean"] for k in (0.0, 0.01, 0.03)]
+    assert min(ways[1:]) > ways[0] - 0.05, ways
 
 
 @pytest.mark.parametrize("actors", [8, 16])
@@ -586,6 +621,13 @@ def test_calibration_takes_the_other_processes_cpu_per_call_from_two_call_rates(
                                               "wall_s": 8.0, "delay_s": 0.2e-3 * n}}}
         (tmp_path / name / "summary.json").write_text(json.dumps(s))
     both = calibrate([tmp_path / "slow", tmp_path / "fast"])
+    assert "publish_s" not in both  # (runs before the learner timed its posts)
+    for name, post in (("slow", 2e-3), ("fast", 3e-3)):  # the learner's time posting each of 50 publications
+        s = json.loads((tmp_path / name / "summary.json").read_text())
+        s["transport"]["queue"]["board"].update(publish_s=post * 50, publishes=50)
+        (tmp_path / name / "summary.json").write_text(json.dumps(s))
+    both = calibrate([tmp_path / "slow", tmp_path / "fast"])
+    assert both["publish_s"] == pytest.approx(2.5e-3)  # (the least crowded runs' median, as a wall-time cost)
     assert both["board_cpu_s"] == pytest.approx(0.5e-3)
     assert both["call_cpu_s"] == pytest.approx(1.5e-3)
     assert both["call_s"] == pytest.approx((0.1 / 80 + 0.1 / 320) / 2 - 0.5e-3 - 0.2e-3)  # (both least crowded)

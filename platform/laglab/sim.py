@@ -60,9 +60,13 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   (the process runner, or costs without ``start_cpu_s`` / ``start_wait_s``), and the whole run's ``sps`` counts it.
   Workers Ray started before they were asked for (at ``ray.init``: in runs here the snapshot board took one and
   the first actor another, also at ``runner.cpus_per_actor=1`` with 16 workers) are ``prestarted``: they only take
-  up their actors. Not
-  modelled: the answer's trip back and the board's update after a publication (about 3 ms each, median, at 2
-  workers: a temporary trace, 2026-12-06), and the receiver thread sharing the learner's GIL.
+  up their actors. A publication reaches the board only after the learner has posted it (``publish_s`` of its CPU:
+  encoding, the object store, the board's call) and the board has taken the post in turn with the calls; a call
+  acts with the version the board answered, so the calls asked in between get the version before (a trace of 8
+  workers, 2026-12-07: the post 1.8 ms after the update, calls asked up to 9 ms after it answered the version
+  before; every batch then held one call two versions old, which a model that published at the update's end never
+  had). Not modelled: the answer's trip back (about 3 ms, median, at 2 workers: a temporary trace, 2026-12-06), and
+  the receiver thread sharing the learner's GIL.
 * **The learner**: takes fragments one at a time (``Costs.fragment_s`` each: receiving, admission, books,
   staging), drops those older than ``learner.max_policy_lag`` versions, updates once per batch
   (``Costs.update_s``), publishes every ``learner.broadcast_every`` updates (the snapshot ``actor.fixed_lag``
@@ -130,6 +134,12 @@ class Costs:
     board_cpu_s: float = 0.0  # runner=ray: the snapshot board's CPU per answer (summary transport.queue.board): one
                               # process at the workers' niceness answering the calls one at a time; a call waits
                               # for its answer (call_s is the rest of its round trip)
+    publish_s: float = 0.0  # runner=ray: the learner's own time posting a publication to the board (encoding the
+                            # snapshot, putting it into the object store, calling the board: summary
+                            # transport.queue.board publish_s / publishes), on its core after the update; the board
+                            # then takes the post in turn with the calls (board_cpu_s), answering the version before
+                            # until it has (2026-12-07, 8 workers: 1.8 ms, and calls asked up to 9 ms after the
+                            # update still got the version before)
     snapshot_cpu_s: float = 0.0  # runner=ray: the worker's own CPU on a call's way (asking the board, reading the
                                  # snapshot from the object store, loading it: ActorStats.snapshot_cpu_s per call),
                                  # on its core before its first env step: in a crowd the way waits for a core
@@ -589,6 +599,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
           "blocked_s": 0.0, "in_slots": 0, "board_busy": 0.0}
     history: Deque[int] = collections.deque([0], maxlen=(cfg.actor.fixed_lag or 0) + 1)
     published = [0]  # the version actors are given
+    on_board = [0]  # ray: the version the snapshot board answers (a publication reaches it after the learner's post)
     consumed = [0] * N  # per actor: steps the learner has taken (learner.consumed)
     sent = [0] * N  # per actor: steps handed to the queue (whatever became of them)
     credit = [0] * N  # per actor: the credit the actor sees (from the last publication or grant)
@@ -662,10 +673,11 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
                     yield env.timeout(w)
         st["produced"] += per_rollout
 
-    def refresh(i: int, version: int):
-        """An actor's snapshot before a rollout: the newest, loaded (at its CPU cost) when it has none yet or it
-        lags the newest by more than ``actor.sync_min_lag`` versions; the version it acts with."""
-        newest = published[0]
+    def refresh(i: int, version: int, newest: Optional[int] = None):
+        """An actor's snapshot before a rollout: the newest (``newest``: on Ray the board's answer; else the
+        version published last), loaded (at its CPU cost) when it has none yet or it lags the newest by more than
+        ``actor.sync_min_lag`` versions; the version it acts with."""
+        newest = published[0] if newest is None else newest
         if newest != version and (version < 0 or newest - version > cfg.actor.sync_min_lag):
             yield from _cpu(env, cpu, costs.fetch_s, 1, run_delay, i)
             st["fetches"] += 1
@@ -727,17 +739,14 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             if costs.call_cpu_s > 0:  # (Ray's own processes compute for the call, on a core, beside it)
                 env.process(_cpu(env, cpu, costs.call_cpu_s, 1, None, ("call", i)))
             if costs.board_cpu_s > 0:  # (the board answers one call at a time, at the workers' niceness)
-                with board.request() as turn:
-                    yield turn
-                    t_b = env.now
-                    yield from _cpu(env, cpu, costs.board_cpu_s, 1, None, "board")
-                    st["board_busy"] += env.now - t_b
+                yield from on_the_board()
+            newest = on_board[0]  # (the version the board answered: the snapshot is read and loaded after)
             if costs.call_s > 0:  # (the rest of the round trip: the newest version as the answer arrives)
                 yield env.timeout(call_rng.exponential(costs.call_s))
             # (the worker's own part: reading the answer and the snapshot, loading it; on its core, so in a crowd it
             # waits for one, as each of the real way's wake-ups does)
             yield from _cpu(env, cpu, costs.snapshot_cpu_s, 1, run_delay, i)
-            version = yield from refresh(i, version)
+            version = yield from refresh(i, version, newest)
             call_times.append((t_call, env.now - t_call))
             if not stepped:
                 stepped = True
@@ -747,6 +756,22 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             yield answers.put((i, version, env.now))
         st["done_actors"] += 1
         q.wake()
+
+    def on_the_board():
+        """The board's turn for one call (an answer, or the learner's post of a publication): one at a time, on a
+        core at the workers' niceness."""
+        with board.request() as turn:
+            yield turn
+            t_b = env.now
+            yield from _cpu(env, cpu, costs.board_cpu_s, 1, None, "board")
+            st["board_busy"] += env.now - t_b
+
+    def post(version: int):
+        """ray: the learner's post of a publication reaches the board in turn with the calls; until then the board
+        answers the version before."""
+        if costs.board_cpu_s > 0:
+            yield from on_the_board()
+        on_board[0] = max(on_board[0], version)
 
     def receiver():
         while True:
@@ -848,8 +873,14 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             st["updates"] += 1
             st["end"] = env.now
             if st["updates"] % cfg.learner.broadcast_every == 0:
+                if ray and costs.publish_s > 0:  # (encoding, the object store, the board's call: then the credit)
+                    t0 = env.now
+                    yield from _cpu(env, cpu, costs.publish_s, 0, None, "learner")
+                    st["learner_busy"] += env.now - t0
                 history.append(st["version"])
                 published[0] = history[0]
+                if ray:
+                    env.process(post(history[0]))
                 credit[:] = consumed
                 ring()
         st["end"] = max(st["end"], env.now)
@@ -1039,6 +1070,8 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
                               / max(calls, 1), steps / max(calls, 1)) if own > 0 else None)
                 c["fetch_s"] = 0.0
                 board = dict(((s.get("transport") or {}).get("queue") or {}).get("board") or {})
+                if float(board.get("publishes", 0)) > 0:  # (the learner's post of each publication: from 2026-12-07)
+                    c["publish_s"] = float(board.get("publish_s", 0.0)) / float(board["publishes"])
                 board.setdefault("wall_s", s.get("wall_time_s", 0.0))  # (the first runs with the board's figures,
                 # 2026-12-07 00:55-01:45, had no wall_s or delay_s: the run's wall time, no waits)
                 if (board.get("answers", 0) >= 0.9 * calls and float(board.get("cpu_s", 0)) > 0

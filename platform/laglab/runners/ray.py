@@ -238,6 +238,8 @@ class _Runner:
         self.malformed = 0
         self.calls = 0
         self.board_work: Optional[Dict[str, float]] = None  # (the snapshot board's answers and CPU, read at the end)
+        self.publish_s = 0.0  # the learner's own time posting its publications (encoding, the object store, the
+        self.publishes = 0  # board's call: laglab.sim's publish_s), and how many it posted
         self.receive_s = 0.0  # the receiver's own time (answers, books, the queue, next calls), net of a full queue
         self.bytes_in = 0
         self.hangs_detected = 0
@@ -265,8 +267,12 @@ class _Runner:
     # ---- learner -> actors ------------------------------------------------------------------------------------
     def publish(self, snap: Snapshot) -> None:
         first = self.snapshot is None
+        t0 = time.perf_counter()
         self.snapshot = (snap.version, [self.ray.put(self.codec.encode(snap))])  # once per version
         posted = self.board.set.remote(*self.snapshot)  # (one caller's calls run in order: no older one overtakes)
+        if not first:  # (the first is posted before any actor starts)
+            self.publish_s += time.perf_counter() - t0
+            self.publishes += 1
         if first:
             self.ray.get(posted)  # on the board before any actor asks
         self.grant(snap.consumed)
@@ -602,6 +608,8 @@ class _Runner:
                     self.drain()
                 if served:  # (before the board goes with the rest; inside the try, so a Ctrl-C here still kills)
                     self.board_work = self.ask_board_work()
+                    if self.board_work is not None:
+                        self.board_work.update(publish_s=self.publish_s, publishes=self.publishes)
             finally:
                 for w in self.workers:
                     self.kill(w)
