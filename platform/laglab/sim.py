@@ -63,7 +63,8 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   up their actors. A publication reaches the board only after the learner has posted it (``publish_s`` of its CPU:
   encoding, the object store, the board's call) and the board has taken the post in turn with the calls; a call
   acts with the version the board answered, so the calls asked in between get the version before (a trace of 8
-  workers, 2026-12-07: the post 1.8 ms after the update, calls asked up to 9 ms after it answered the version
+  workers, 2026-12-07: the post done 2.1 ms after the update ends, the board holding the new version 3.5 ms after
+  it; calls asked up to 9 ms after it answered the version
   before; every batch then held one call two versions old, which a model that published at the update's end never
   had). Not modelled: the answer's trip back (about 3 ms, median, at 2 workers: a temporary trace, 2026-12-06), and
   the receiver thread sharing the learner's GIL.
@@ -136,10 +137,10 @@ class Costs:
                               # for its answer (call_s is the rest of its round trip)
     publish_s: float = 0.0  # runner=ray: the learner's own time posting a publication to the board (encoding the
                             # snapshot, putting it into the object store, calling the board: summary
-                            # transport.queue.board publish_s / publishes), on its core after the update; the board
-                            # then takes the post in turn with the calls (board_cpu_s), answering the version before
-                            # until it has (2026-12-07, 8 workers: 1.8 ms, and calls asked up to 9 ms after the
-                            # update still got the version before)
+                            # transport.queue publish_s / publishes; wall time, run as its CPU), on its core after
+                            # the update; the board then takes the post in turn with the calls (board_cpu_s),
+                            # answering the version before until it has (2026-12-07, 8 workers: 1.6 ms, done 2.1 ms
+                            # after the update; calls asked up to 9 ms after it still got the version before)
     snapshot_cpu_s: float = 0.0  # runner=ray: the worker's own CPU on a call's way (asking the board, reading the
                                  # snapshot from the object store, loading it: ActorStats.snapshot_cpu_s per call),
                                  # on its core before its first env step: in a crowd the way waits for a core
@@ -740,7 +741,9 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
                 env.process(_cpu(env, cpu, costs.call_cpu_s, 1, None, ("call", i)))
             if costs.board_cpu_s > 0:  # (the board answers one call at a time, at the workers' niceness)
                 yield from on_the_board()
-            newest = on_board[0]  # (the version the board answered: the snapshot is read and loaded after)
+            # (the version the board answered: the snapshot is read and loaded after; costs from before the board's
+            # figures have call_s as the whole round trip, the version read at its end, as then)
+            newest = on_board[0] if costs.board_cpu_s > 0 else None
             if costs.call_s > 0:  # (the rest of the round trip: the newest version as the answer arrives)
                 yield env.timeout(call_rng.exponential(costs.call_s))
             # (the worker's own part: reading the answer and the snapshot, loading it; on its core, so in a crowd it
@@ -1070,13 +1073,16 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
                               / max(calls, 1), steps / max(calls, 1)) if own > 0 else None)
                 c["fetch_s"] = 0.0
                 board = dict(((s.get("transport") or {}).get("queue") or {}).get("board") or {})
-                if float(board.get("publishes", 0)) > 0:  # (the learner's post of each publication: from 2026-12-07)
-                    c["publish_s"] = float(board.get("publish_s", 0.0)) / float(board["publishes"])
+                queue = (s.get("transport") or {}).get("queue") or {}
+                posts = queue if "publishes" in queue else board  # (a7a8fd5 wrote them with the board's figures)
+                if float(posts.get("publishes", 0)) > 0:  # (the learner's post of each publication: from 2026-12-07)
+                    c["_publish"] = float(posts.get("publish_s", 0.0)) / float(posts["publishes"])
                 board.setdefault("wall_s", s.get("wall_time_s", 0.0))  # (the first runs with the board's figures,
                 # 2026-12-07 00:55-01:45, had no wall_s or delay_s: the run's wall time, no waits)
                 if (board.get("answers", 0) >= 0.9 * calls and float(board.get("cpu_s", 0)) > 0
                         and float(board["wall_s"] or 0) > 0):  # (a board that restarted answered fewer: none)
-                    c["_board"] = {k: float(board.get(k, 0.0)) for k in ("answers", "cpu_s", "wall_s", "delay_s")}
+                    c["_board"] = {k: float(board.get(k, 0.0)) for k in ("answers", "sets", "cpu_s", "wall_s",
+                                                                          "delay_s")}
                 fetch = 0.0
                 o = others_over_steady(d, m)
                 if o is not None:
@@ -1154,6 +1160,7 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     boards = [c.pop("_board", None) for _, c in costs]  # (every run's: none is a cost of its own)
     rests = [(x, c.pop("_rest")) for x, c in costs if "_rest" in c]  # (the runs with the workers' moments)
     owns = [c.pop("_own", None) for _, c in costs]  # (Ray: per call, the worker's own CPU and waits on its way)
+    posts = [c.pop("_publish", None) for _, c in costs]  # (Ray: the learner's post of a publication)
     shots = [c.pop("_shot", None) for _, c in costs]  # (env=latency: per step, the waits for a core and the overshoot)
     board, board_wait = board_costs([b for b in boards if b is not None],
                                     [b for (x, _), b in zip(costs, boards) if x == least])
@@ -1191,6 +1198,9 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
         out["snapshot_cpu_s"] = own_cpu
         out["call_s"] = max(0.0, float(out["call_s"]) - own_cpu - float(np.median([o[1] for o in calm_own])))
         out["step_cpu_s"] = max(0.0, float(out["step_cpu_s"]) - own_cpu / float(np.median([o[2] for o in owns])))
+    calm_posts = [p for (x, _), p in zip(costs, posts) if x == least]
+    if calm_posts and all(p is not None for p in calm_posts):  # (every least crowded run timed its posts, or none
+        out["publish_s"] = float(np.median(calm_posts))  # counts)
     share = wait_share(shots) if "step_wait_s" in out and all(x is not None for x in shots) else None
     if share is not None:  # the sleep's overshoot holds that share of the waits for a core: the model makes its own,
         # so it is the calm runs' overshoot less their waits' share (else a prediction of the calm run itself would
@@ -1253,14 +1263,18 @@ def board_costs(every: Sequence[Dict[str, float]], calm: Sequence[Optional[Dict[
     answer's own CPU; else the calm runs' CPU per answer (which holds the idle time too: high at few answers)."""
     if not calm or any(b is None for b in calm):
         return None, 0.0
-    rate = [b["answers"] / b["wall_s"] for b in every]
+
+    def turns(b):  # (its answers and the learner's posts, where the board counted them: each a turn of the model's)
+        return b["answers"] + b.get("sets", 0.0)
+
+    rate = [turns(b) / b["wall_s"] for b in every]
     per = None
     if len(every) >= 2 and max(rate) >= 1.5 * min(rate):
-        a = np.asarray([[b["wall_s"], b["answers"]] for b in every])
+        a = np.asarray([[b["wall_s"], turns(b)] for b in every])
         per = float(np.linalg.lstsq(a, np.asarray([b["cpu_s"] for b in every]), rcond=None)[0][1])
     if per is None or per <= 0:
-        per = float(np.median([b["cpu_s"] / b["answers"] for b in calm]))
-    return per, float(np.median([max(0.0, b["delay_s"]) / b["answers"] for b in calm]))
+        per = float(np.median([b["cpu_s"] / turns(b) for b in calm]))
+    return per, float(np.median([max(0.0, b["delay_s"]) / turns(b) for b in calm]))
 
 
 def beyond_calibration(cfg: Config, costs: Costs, calibrated: Optional[Sequence[float]]) -> Optional[str]:

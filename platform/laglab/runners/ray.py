@@ -608,8 +608,6 @@ class _Runner:
                     self.drain()
                 if served:  # (before the board goes with the rest; inside the try, so a Ctrl-C here still kills)
                     self.board_work = self.ask_board_work()
-                    if self.board_work is not None:
-                        self.board_work.update(publish_s=self.publish_s, publishes=self.publishes)
             finally:
                 for w in self.workers:
                     self.kill(w)
@@ -624,7 +622,8 @@ class _Runner:
                       "blocked_s": self.queue.stats.blocked_s, "capacity": self.queue.capacity,
                       "max_bytes_bound": self.queue.max_bytes, "malformed_results": self.malformed,
                       "calls": self.calls, "bytes_received": self.bytes_in,
-                      "ray_nodes": sorted(self.nodes), "board": self.board_work}
+                      "ray_nodes": sorted(self.nodes), "board": self.board_work,
+                      "publish_s": self.publish_s, "publishes": self.publishes}
         out = self.driver.summary(bal, self.intensity.total, chaos, {"queue": queue_info})
         out.update({"actor_stats": self.actor_stats(), "env_steps": self.budget.used})
         return out

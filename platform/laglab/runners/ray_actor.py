@@ -110,12 +110,14 @@ class SnapshotBoard:
 
     def __init__(self):
         self.version, self.box = -1, None
-        self.answers = self.polls = 0
+        self.answers = self.polls = self.sets = 0
         self.t0: Optional[Tuple[float, float, float]] = None  # (CPU, wall, run delay) at the first snapshot
 
     def set(self, version: int, box: List[Any]) -> None:
         if self.t0 is None:
             self.t0 = (time.process_time(), time.monotonic(), run_delay_s())
+        else:  # (the learner's posts after the first: its CPU is in cpu_s beside the answers')
+            self.sets += 1
         self.version, self.box = version, box
 
     def newest_version(self) -> int:
@@ -132,8 +134,9 @@ class SnapshotBoard:
         than were made): the calls answered and polled, the process's CPU, the wall time, and the run delay of the
         thread that answers them."""
         if self.t0 is None:
-            return {"answers": 0, "polls": 0, "cpu_s": 0.0, "wall_s": 0.0, "delay_s": 0.0}
-        return {"answers": self.answers, "polls": self.polls, "cpu_s": time.process_time() - self.t0[0],
+            return {"answers": 0, "polls": 0, "sets": 0, "cpu_s": 0.0, "wall_s": 0.0, "delay_s": 0.0}
+        return {"answers": self.answers, "polls": self.polls, "sets": self.sets,
+                "cpu_s": time.process_time() - self.t0[0],
                 "wall_s": time.monotonic() - self.t0[1], "delay_s": run_delay_s() - self.t0[2]}
 
 
