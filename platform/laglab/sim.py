@@ -64,9 +64,8 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   encoding, the object store, the board's call) and the board has taken the post in turn with the calls; a call
   acts with the version the board answered, so the calls asked in between get the version before (a trace of 8
   workers, 2026-12-07: the post done 2.1 ms after the update ends, the board holding the new version 3.5 ms after
-  it; calls asked up to 9 ms after it answered the version
-  before; every batch then held one call two versions old, which a model that published at the update's end never
-  had). Not modelled: the answer's trip back (about 3 ms, median, at 2 workers: a temporary trace, 2026-12-06), and
+  it; answers received up to 9 ms after it carried the version before; in one run of 8 workers every batch held
+  one call two versions old, which a model that published at the update's end never had). Not modelled: the answer's trip back (about 3 ms, median, at 2 workers: a temporary trace, 2026-12-06), and
   the receiver thread sharing the learner's GIL.
 * **The learner**: takes fragments one at a time (``Costs.fragment_s`` each: receiving, admission, books,
   staging), drops those older than ``learner.max_policy_lag`` versions, updates once per batch
@@ -140,7 +139,7 @@ class Costs:
                             # transport.queue publish_s / publishes; wall time, run as its CPU), on its core after
                             # the update; the board then takes the post in turn with the calls (board_cpu_s),
                             # answering the version before until it has (2026-12-07, 8 workers: 1.6 ms, done 2.1 ms
-                            # after the update; calls asked up to 9 ms after it still got the version before)
+                            # after the update; answers received up to 9 ms after it carried the version before)
     snapshot_cpu_s: float = 0.0  # runner=ray: the worker's own CPU on a call's way (asking the board, reading the
                                  # snapshot from the object store, loading it: ActorStats.snapshot_cpu_s per call),
                                  # on its core before its first env step: in a crowd the way waits for a core
