@@ -686,7 +686,11 @@ def test_calibration_takes_the_waits_for_a_core_out_of_the_sleeps_overshoot(tmp_
     calm, crowded = run_dir(6, 40e-6), run_dir(24, 400e-6)
     out = calibrate([calm, crowded])
     assert out["step_wait_s"] == pytest.approx(60e-6)  # (not the calm run's 90 us)
+    assert out["wait_share"] == pytest.approx(0.75)  # (recorded beside the costs: what was taken out)
     assert calibrate([calm])["step_wait_s"] == pytest.approx(90e-6)  # (one density: no share to take)
+    # waits 1.4x apart (repeats of one density differ so): a slope over them is noise, so none is taken
+    near = calibrate([calm, run_dir(8, 56e-6)])
+    assert near["step_wait_s"] == pytest.approx(90e-6) and "wait_share" not in near
     # all or none: a run that did not measure its waits leaves the overshoot as measured
     assert calibrate([calm, run_dir(24, 400e-6, waited=False)])["step_wait_s"] == pytest.approx(90e-6)
     # the process runner's actors have no calls' ways: every wait counts

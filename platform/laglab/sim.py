@@ -108,7 +108,8 @@ class SimError(ValueError):
     """A cost, distribution or setting the model cannot take (the message names it and the allowed range)."""
 
 
-META = ("calibrated_from", "calibrated_actors_per_core", "notes")  # (a costs file's facts about itself, not costs)
+META = ("calibrated_from", "calibrated_actors_per_core", "wait_share", "notes")  # (a costs file's facts about itself,
+# not costs: wait_share is the share of the waits for a core taken out of step_wait_s)
 
 
 @dataclass
@@ -826,6 +827,12 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             yield from q.put((i, steps, version, env.now))
             st["in_slots"] -= 1  # (counted until it is in the queue: the learner ends only once none is on its way)
 
+    def learner_cpu(seconds: float):
+        """The learner's work (a fragment, an update, a post) on a core: it preempts the actors."""
+        t0 = env.now
+        yield from _cpu(env, cpu, seconds, 0, None, "learner")
+        st["learner_busy"] += env.now - t0
+
     def learner():
         staged: List[Tuple[int, int, int, float]] = []
         stuck = [-1]  # what had been produced at the last starved poll with every actor paused
@@ -851,9 +858,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
                     continue
             item = q.get()
             ages.append(env.now - item[3])
-            t0 = env.now
-            yield from _cpu(env, cpu, costs.fragment_s, 0, None, "learner")  # (the learner preempts actors)
-            st["learner_busy"] += env.now - t0
+            yield from learner_cpu(costs.fragment_s)
             a, steps, behavior, _ = item
             consumed[a] += steps
             lag = st["version"] - behavior
@@ -864,9 +869,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             staged.append(item)
             if len(staged) < need:
                 continue
-            t0 = env.now
-            yield from _cpu(env, cpu, costs.update_s, 0, None, "learner")
-            st["learner_busy"] += env.now - t0
+            yield from learner_cpu(costs.update_s)
             lags.extend(st["version"] - s[2] for s in staged)
             st["trained"] += sum(s[1] for s in staged)
             marks.append((env.now, st["trained"]))
@@ -876,9 +879,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             st["end"] = env.now
             if st["updates"] % cfg.learner.broadcast_every == 0:
                 if ray and costs.publish_s > 0:  # (encoding, the object store, the board's call: then the credit)
-                    t0 = env.now
-                    yield from _cpu(env, cpu, costs.publish_s, 0, None, "learner")
-                    st["learner_busy"] += env.now - t0
+                    yield from learner_cpu(costs.publish_s)
                 history.append(st["version"])
                 published[0] = history[0]
                 if ray:
@@ -1073,9 +1074,8 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
                 c["fetch_s"] = 0.0
                 board = dict(((s.get("transport") or {}).get("queue") or {}).get("board") or {})
                 queue = (s.get("transport") or {}).get("queue") or {}
-                posts = queue if "publishes" in queue else board  # (a7a8fd5 wrote them with the board's figures)
-                if float(posts.get("publishes", 0)) > 0:  # (the learner's post of each publication: from 2026-12-07)
-                    c["_publish"] = float(posts.get("publish_s", 0.0)) / float(posts["publishes"])
+                if float(queue.get("publishes", 0)) > 0:  # (the learner's post of each publication: from 2026-12-07)
+                    c["_publish"] = float(queue.get("publish_s", 0.0)) / float(queue["publishes"])
                 board.setdefault("wall_s", s.get("wall_time_s", 0.0))  # (the first runs with the board's figures,
                 # 2026-12-07 00:55-01:45, had no wall_s or delay_s: the run's wall time, no waits)
                 if (board.get("answers", 0) >= 0.9 * calls and float(board.get("cpu_s", 0)) > 0
@@ -1206,10 +1206,11 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
         # count its waits twice: 2026-12-07, 32 us of 106 a step at 6 Ray workers)
         calm_shot = [o for (x, _), o in zip(costs, shots) if x == least]
         out["step_wait_s"] = float(np.median([max(0.0, over - share * w) for w, over in calm_shot]))
+        out["wait_share"] = share
     if others:  # the slope over runs at two call rates (what is left at none is the machine's idle noise)
         rate = np.asarray([o[0] for o in others])
         busy = np.asarray([o[1] for o in others])
-        if rate.max() >= 1.5 * rate.min():
+        if spread_enough(rate):
             per_call = float(np.polyfit(rate, busy, 1)[0])
         else:  # (one rate, or repeats of one count: their slope would be noise)
             per_call = float(np.median(busy / rate))
@@ -1237,6 +1238,17 @@ def steady_overshoot(run_dir: Path, m, lat: Sequence[float], runner: str) -> Opt
     return max(0.0, waits) / steps, (float(d["env_s"].sum()) - slept - float(d["env_cpu_s"].sum())) / steps
 
 
+SPREAD = 1.5  # a slope is fitted over x values this far apart or more (closer ones give a slope of noise)
+
+
+def spread_enough(x: Sequence[float]) -> bool:
+    """Whether a slope over runs at these x values (call rates, answer rates, waits per step) means anything: two or
+    more, all positive, the largest at least :data:`SPREAD` times the smallest. Repeats of one count differ by a
+    few percent, and a slope over them is their noise."""
+    x = np.asarray(x, float)
+    return len(x) >= 2 and bool(x.min() > 0) and bool(x.max() >= SPREAD * x.min())
+
+
 def wait_share(points: Sequence[Tuple[float, float]]) -> Optional[float]:
     """The share of the actors' waits for a core that falls inside their env steps' time: the slope of the
     overshoot per step over the waits per step (``points``: (waits, overshoot) of runs at two or more densities,
@@ -1244,11 +1256,9 @@ def wait_share(points: Sequence[Tuple[float, float]]) -> Optional[float]:
     sleeping step wakes to wait for a core inside the env's step, the rest of the waits fall in inference and the
     rollout's bookkeeping: 0.735 over nine Ray runs of 4-32 workers here (2026-12-07; an overshoot of 63 us with
     none), and 0.60 between the 6- and 24-worker calibration runs of that set."""
-    if len(points) < 2:
-        return None
     w = np.asarray([p[0] for p in points], float)
     o = np.asarray([p[1] for p in points], float)
-    if w.min() <= 0 or w.max() < 1.5 * w.min():
+    if not spread_enough(w):
         return None
     slope = float(np.polyfit(w, o, 1)[0])
     return min(slope, 1.0) if slope > 0 else None
@@ -1268,7 +1278,7 @@ def board_costs(every: Sequence[Dict[str, float]], calm: Sequence[Optional[Dict[
 
     rate = [turns(b) / b["wall_s"] for b in every]
     per = None
-    if len(every) >= 2 and max(rate) >= 1.5 * min(rate):
+    if spread_enough(rate):
         a = np.asarray([[b["wall_s"], turns(b)] for b in every])
         per = float(np.linalg.lstsq(a, np.asarray([b["cpu_s"] for b in every]), rcond=None)[0][1])
     if per is None or per <= 0:
