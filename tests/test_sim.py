@@ -36,6 +36,21 @@ def test_learner_bound_throughput_is_one_batch_per_update_time():
     assert out["learner_utilization"] > 0.99
 
 
+@pytest.mark.parametrize("runner", ["process", "ray"])
+def test_the_runs_end_past_its_last_update_counts_in_its_sps_and_nothing_else(runner):
+    # a run's wall clock runs on past its last update (the drain, the teardown; Ray's shutdown: 1.4 s here), and its
+    # sps counts it: finish_s adds that to the wall, as startup_s adds the start, and moves nothing the run does
+    c = cfg("actors=4", f"runner={runner}", "total_env_steps=40960")
+    lat = Latency("fixed", per_actor_ms=[2.0])
+    base = simulate(c, Costs(**{**FREE, "startup_s": 0.5}), lat)
+    late = simulate(c, Costs(**{**FREE, "startup_s": 0.5, "finish_s": 1.4}), lat)
+    assert late["wall_s"] == pytest.approx(base["wall_s"] + 1.4)
+    assert late["sps"] == pytest.approx(base["env_steps"] / (base["wall_s"] + 1.4))
+    assert base["sps"] == pytest.approx(base["env_steps"] / base["wall_s"])
+    for k in ("sps_steady", "lag_mean", "lag_p95", "learner_utilization", "updates", "env_steps"):
+        assert late[k] == base[k], k
+
+
 def test_one_core_shared_the_learner_first():
     # one core, CPU-bound actors (c s per env step) and a learner that preempts them: per batch the core does
     # one update (U) and produces B steps (B c), so sps = B / (U + B c)
@@ -717,18 +732,20 @@ def test_calibration_takes_what_it_measures_as_wall_time_from_the_least_crowded_
         (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump({
             "runner": {"name": "process"}, "actor": {"envs_per_actor": envs}, "env": {"latency_ms": [2.0]},
             "learner": {"max_kl_behavior": None}}))
-        pd.DataFrame({"learner/compute_s": [0.01 * n]}).to_parquet(d / "metrics.parquet")
+        pd.DataFrame({"learner/compute_s": [0.01 * n], "wall_time": [20.0]}).to_parquet(d / "metrics.parquet")
         steps = 12800
         stats = {str(i): {"steps": steps, "rollouts": 100, "loads": 0, "snapshot_s": 0.0, "infer_s": steps / 4 * infer,
                           "env_s": steps * (2e-3 + overshoot), "cpu_s": steps * cpu_per_step,
                           "env_cpu_s": steps * 10e-6}
                  for i in range(n)}
         (d / "summary.json").write_text(json.dumps({"status": "completed", "actors_stats": stats,
+                                                    "wall_time_s": 20.0 + 0.05 * n,  # (the teardown after the last
                                                     **({"provenance": {"usable_cpus": cpus}} if cpus else {})}))
-        return d
+        return d  # update grows with the actors here: the calm run's is the model's)
 
     out = calibrate([run_dir(24, 1e-3, 240e-6, 90e-6), run_dir(6, 0.1e-3, 120e-6, 60e-6)])
     assert out["step_wait_s"] == pytest.approx(0.1e-3 - 10e-6) and out["infer_s"] == pytest.approx(120e-6)
+    assert out["finish_s"] == pytest.approx(0.3)  # (the calm run's end past its last update: 20.3 s - 20.0)
     assert out["update_s"] == pytest.approx(0.06)
     cores = len(os.sched_getaffinity(0))
     slope = 30e-6 / (18 / cores)  # the whole CPU per env step: 60 us at 6 actors, 90 at 24

@@ -151,6 +151,10 @@ class Costs:
     startup_s: float = 0.0  # from the run's start (its wall clock: after the tracker) to the actors' first env step
                             # (counted in sps, as a run does); runner=ray with a worker start (start_cpu_s,
                             # start_wait_s): to asking Ray for the workers (startup.actors_started)
+    finish_s: float = 0.0  # from the last update to the run's end (its wall clock: the runner's drain and teardown;
+                           # on Ray its shutdown too: 1.13-1.63 s, median 1.39, over the 42 Ray runs of 4-32 workers of
+                           # 2026-12-07 10:10-10:31; the process runner 0.07-0.28 s, median 0.08), counted in sps, as a
+                           # run does
     start_cpu_s: float = 0.0  # runner=ray: CPU a worker process spends before its first call (Ray's worker start,
                               # imports, envs: ActorStats.start_cpu_s)
     boot_cpu_s: float = 0.0  # runner=ray: the part of start_cpu_s that is Ray's own worker start (up to taking up
@@ -901,7 +905,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     env.run(until=finished)
     q._track()
     end = max(st["end"], 1e-12)
-    wall = end + costs.startup_s
+    wall = end + costs.startup_s + costs.finish_s
     lag_arr = np.asarray(lags, float)
     hist = np.bincount(lag_arr.astype(int)) if len(lag_arr) else np.zeros(0, int)
     offered = st["kept"] + st["dropped_lag"]
@@ -999,7 +1003,9 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     Ray's starting workers, which ends as it registers (``boot_wait_s``: the births of the workers ``cores`` behind
     it tell), its whole start CPU (``start_cpu_s``), and its waits from registering to taking up its actor and from
     its actor built to its first env step (``start_wait_s``, less the call's round trip); over runs at two or more
-    counts, the start past Ray's part as a line in actors per core (``start_crowding_s``, as ``crowding_s``). Runs before those moments
+    counts, the start past Ray's part as a line in actors per core (``start_crowding_s``, as ``crowding_s``). The
+    run's end past its last update (summary ``wall_time_s`` against the last metrics row's ``wall_time``: the drain,
+    the teardown, on Ray its shutdown) is ``finish_s``. Runs before those moments
     (only ``ActorStats.start_cpu_s``): ``start_cpu_s`` and the first worker's remaining way to its first env step
     (``start_wait_s``). The least crowded runs give one split for all: the one with the moments where every one has
     them, else the older one where every one has that, else none (``startup_s`` to the first env step, as for every
@@ -1105,6 +1111,8 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
             loads = sum(a.get("loads", 0) for a in stats.values())
             if loads and runner != "ray":
                 c["fetch_s"] = fetch / loads
+        if s.get("wall_time_s") is not None and "wall_time" in m:  # the last update to the run's end (the drain,
+            c["finish_s"] = max(0.0, float(s["wall_time_s"]) - float(m["wall_time"].iloc[-1]))  # the teardown)
         su = s.get("startup") or {}
         origin = su.get("tracker", su.get("learner"))  # (the run's wall clock, and its sps, start after the tracker)
         if su.get("first_env_step") is not None and origin is not None:
