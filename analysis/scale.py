@@ -93,6 +93,8 @@ def build(d: str | Path) -> str:
         rp = meta["ray_path"]
         own = (f", the worker's own CPU per call {1e3 * rp['snapshot_cpu_s']:.2f} ms on its core"
                if "snapshot_cpu_s" in rp else "")
+        own += (f", the learner's post of each publication {1e3 * rp['publish_s']:.2f} ms after its update (the board "
+                "takes it in turn with the calls)" if "publish_s" in rp else "")
         lines += [f"The `*_ray` columns: `runner=ray` with the board's answer {1e3 * rp['board_cpu_s']:.2f} ms{own}, "
                   f"the rest of a call's round trip {1e3 * rp['call_s']:.2f} ms and the learner's time per fragment "
                   f"through Ray {1e3 * rp['fragment_s']:.2f} ms ({'; '.join(rp.get('calibrated_from', []))}); the "

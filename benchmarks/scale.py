@@ -12,7 +12,7 @@ Each count runs twice: as the process runner moves fragments (``sps``, ``learner
 does (the ``*_ray`` columns): rollout calls, ``runner.max_inflight``, and the snapshot board, one process answering
 one call at a time, on a CPU of its own; the Ray path's costs from ``<costs-dir>/ray_path.json`` (the board's answer,
 the rest of a call's round trip, the learner's time per fragment through Ray and, where calibrated, the worker's own
-CPU per call; no ``fetch_s``: a snapshot's load is part of a Ray call) over the preset's. ``board_util_ray`` is the
+CPU per call and the learner's post of each publication; no ``fetch_s``: a snapshot's load is part of a Ray call) over the preset's. ``board_util_ray`` is the
 board's busy share: where it nears 1, the board sets the pace, not the learner. Ray's other processes' CPU per call
 (``call_cpu_s``) is left out: on a cluster it runs on the workers' nodes, beside them. Without ``ray_path.json`` the
 study has no Ray columns.
@@ -50,7 +50,8 @@ LATENCY = {"robot20ms": "lognormal:20,0.2"}  # a simulator's step time jitters (
 KL_STUDIES = {"CartPole-v1": "reports/lag_cost_tuned_cartpole", "Pendulum-v1": "reports/lag_cost_tuned_pendulum"}
 ENV_IDS = {"cartpole": "CartPole-v1", "halfcheetah": "HalfCheetah-v5", "robot20ms": None}
 RAY_PATH = ("board_cpu_s", "call_s", "fragment_s")  # what ray_path.json must set over a preset's costs
-RAY_OPTIONAL = ("snapshot_cpu_s",)  # and may (calibrations from 2026-12-07 05:00 on: a call's own CPU)
+RAY_OPTIONAL = ("snapshot_cpu_s", "publish_s")  # and may (calibrations from 2026-12-07 05:00 on: a call's own CPU;
+# from 08:38 on: the learner's post of each publication)
 
 
 def per_call(preset: str) -> int:
