@@ -3,7 +3,7 @@ on its own CPU; the learner's cost per fragment as calibrated, or the Ray path's
 three presets — CartPole, HalfCheetah and a 20 ms robot-like simulator — with where the learner saturates, the lag
 and data age that follow, what ``learner.max_policy_lag`` would drop, and the actor count seed 004's rule recommends.
 
-    python benchmarks/scale.py [--actors 1,2,4,...,4096] [--costs-dir benchmarks/costs] [--out DIR]
+    python benchmarks/scale.py [--actors 1,2,4,...,4096] [--costs-dir benchmarks/costs] [--out DIR] [--ray-fragment-s S]
 
 Costs: ``<costs-dir>/<preset>.json`` from ``python -m laglab.sim --calibrate <real runs of that preset>`` on a quiet
 machine; a preset without one runs on laglab.sim's default costs and its rows say ``uncalibrated``.
@@ -118,6 +118,9 @@ def main() -> int:
     ap.add_argument("--presets", default=",".join(PRESETS))
     ap.add_argument("--costs-dir", default=str(ROOT / "benchmarks" / "costs"))
     ap.add_argument("--kl-max", type=float, default=0.03)
+    ap.add_argument("--ray-fragment-s", type=float, default=None,
+                    help="what if: the learner's time per fragment on Ray set to this (s) over ray_path.json's "
+                         "(Ray's bare path measured 220e-6: README, runner=ray); the report says so")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     out = Path(a.out or f"/tmp/scale_{time.strftime('%Y%m%d_%H%M%S')}")
@@ -125,11 +128,19 @@ def main() -> int:
     rows = []
     ray_file, ray = Path(a.costs_dir) / "ray_path.json", None
     if not ray_file.exists():
+        if a.ray_fragment_s is not None:
+            ap.error(f"--ray-fragment-s needs the Ray path's costs ({ray_file}: none)")
         print(f"{ray_file}: none, so no runner=ray columns", file=sys.stderr)
     else:
         ray = json.loads(ray_file.read_text())
         if any(k not in ray for k in RAY_PATH):
             ap.error(f"{ray_file}: the Ray path's costs need {', '.join(RAY_PATH)}")
+        if a.ray_fragment_s is not None:
+            if not a.ray_fragment_s > 0:
+                ap.error(f"--ray-fragment-s must be > 0 seconds, got {a.ray_fragment_s}")
+            ray["calibrated_from"] = [*ray.get("calibrated_from", []), f"fragment_s set to {a.ray_fragment_s:g} s "
+                                      f"by --ray-fragment-s (a what-if; calibrated {ray['fragment_s']:g})"]
+            ray["fragment_s"] = a.ray_fragment_s
     for preset in a.presets.split(","):
         costs = Path(a.costs_dir) / f"{preset}.json"
         costs = costs if costs.exists() else None

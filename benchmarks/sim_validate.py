@@ -499,7 +499,7 @@ def report(records: List[dict], costs: Dict[str, dict], a: argparse.Namespace, c
         print("\nre-predicted by this checkout's model from the same calibration runs:")
         re = sv.cell_table(pd.DataFrame([{"set": "", **r} for r in records]), pred="re")
         print(re[["runner", "latency", "actors", "runs", "sps pred", "sps real", "sps err per run", "lag err per run",
-                  "p95 diff per run"]].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+                  "p95 diff per run", "run sps err per run"]].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
         print(sv.worst(re))
     if a.add_to:
         started = sorted(str(r["started"]) for r in records)

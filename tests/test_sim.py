@@ -702,10 +702,14 @@ def test_calibration_takes_the_waits_for_a_core_out_of_the_sleeps_overshoot(tmp_
     out = calibrate([calm, crowded])
     assert out["step_wait_s"] == pytest.approx(60e-6)  # (not the calm run's 90 us)
     assert out["wait_share"] == pytest.approx(0.75)  # (recorded beside the costs: what was taken out)
+    assert "finish_s" not in out  # (these summaries have no wall_time_s: no run's end to take)
     assert calibrate([calm])["step_wait_s"] == pytest.approx(90e-6)  # (one density: no share to take)
-    # waits 1.4x apart (repeats of one density differ so): a slope over them is noise, so none is taken
-    near = calibrate([calm, run_dir(8, 56e-6)])
+    # waits 1.45x apart (repeats of one density differ so): a slope over them is noise, so none is taken; 1.55x is
+    # a slope
+    near = calibrate([calm, run_dir(8, 58e-6)])
     assert near["step_wait_s"] == pytest.approx(90e-6) and "wait_share" not in near
+    apart = calibrate([calm, run_dir(9, 62e-6)])
+    assert apart["step_wait_s"] == pytest.approx(60e-6) and apart["wait_share"] == pytest.approx(0.75)
     # all or none: a run that did not measure its waits leaves the overshoot as measured
     assert calibrate([calm, run_dir(24, 400e-6, waited=False)])["step_wait_s"] == pytest.approx(90e-6)
     # the process runner's actors have no calls' ways: every wait counts
@@ -732,20 +736,21 @@ def test_calibration_takes_what_it_measures_as_wall_time_from_the_least_crowded_
         (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump({
             "runner": {"name": "process"}, "actor": {"envs_per_actor": envs}, "env": {"latency_ms": [2.0]},
             "learner": {"max_kl_behavior": None}}))
-        pd.DataFrame({"learner/compute_s": [0.01 * n], "wall_time": [20.0]}).to_parquet(d / "metrics.parquet")
+        pd.DataFrame({"learner/compute_s": [0.01 * n] * 2, "wall_time": [10.0, 20.0]}).to_parquet(d / "metrics.parquet")
         steps = 12800
         stats = {str(i): {"steps": steps, "rollouts": 100, "loads": 0, "snapshot_s": 0.0, "infer_s": steps / 4 * infer,
                           "env_s": steps * (2e-3 + overshoot), "cpu_s": steps * cpu_per_step,
                           "env_cpu_s": steps * 10e-6}
                  for i in range(n)}
         (d / "summary.json").write_text(json.dumps({"status": "completed", "actors_stats": stats,
-                                                    "wall_time_s": 20.0 + 0.05 * n,  # (the teardown after the last
+                                                    "wall_time_s": 20.0 + 0.05 * n,  # (the end past the last
                                                     **({"provenance": {"usable_cpus": cpus}} if cpus else {})}))
-        return d  # update grows with the actors here: the calm run's is the model's)
+        return d  # update: 0.3 s at 6 actors, 1.2 at 24)
 
     out = calibrate([run_dir(24, 1e-3, 240e-6, 90e-6), run_dir(6, 0.1e-3, 120e-6, 60e-6)])
     assert out["step_wait_s"] == pytest.approx(0.1e-3 - 10e-6) and out["infer_s"] == pytest.approx(120e-6)
-    assert out["finish_s"] == pytest.approx(0.3)  # (the calm run's end past its last update: 20.3 s - 20.0)
+    assert out["finish_s"] == pytest.approx((0.3 + 1.2) / 2)  # (every run's end past its last update, the median;
+    # not the first update's 10 s)
     assert out["update_s"] == pytest.approx(0.06)
     cores = len(os.sched_getaffinity(0))
     slope = 30e-6 / (18 / cores)  # the whole CPU per env step: 60 us at 6 actors, 90 at 24
