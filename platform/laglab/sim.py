@@ -1078,8 +1078,8 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
                 c["_own"] = ((own / max(calls, 1), sum(a.get("snapshot_wait_s", 0.0) for a in stats.values())
                               / max(calls, 1), steps / max(calls, 1)) if own > 0 else None)
                 c["fetch_s"] = 0.0
-                board = dict(((s.get("transport") or {}).get("queue") or {}).get("board") or {})
                 queue = (s.get("transport") or {}).get("queue") or {}
+                board = dict(queue.get("board") or {})
                 if float(queue.get("publishes", 0)) > 0:  # (the learner's post of each publication: from 2026-12-07)
                     c["_publish"] = float(queue.get("publish_s", 0.0)) / float(queue["publishes"])
                 board.setdefault("wall_s", s.get("wall_time_s", 0.0))  # (the first runs with the board's figures,
@@ -1170,8 +1170,11 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     posts = [c.pop("_publish", None) for _, c in costs]  # (Ray: the learner's post of a publication)
     shots = [c.pop("_shot", None) for _, c in costs]  # (env=latency: per step, the waits for a core and the overshoot)
     ends = [c.pop("_finish") for _, c in costs if "_finish" in c]  # (each run's end past its last update)
-    board, board_wait = board_costs([b for b in boards if b is not None],
-                                    [b for (x, _), b in zip(costs, boards) if x == least])
+
+    def calm_of(per_run: List) -> List:  # (a per-run list's entries of the least crowded runs)
+        return [v for (x, _), v in zip(costs, per_run) if x == least]
+
+    board, board_wait = board_costs([b for b in boards if b is not None], calm_of(boards))
     out: Dict[str, object] = {k: float(np.median([c[k] for c in calm if k in c]))
                               for k in dict.fromkeys(k for c in calm for k in c)}
     # one definition of startup_s for all: the split with the workers' moments where every calm run has them, else
@@ -1201,26 +1204,27 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
         # the worker's own CPU on a call's way, a cost of its own on a core (the calm runs'): out of the call's wait
         # with the waits for a core it had there (the model makes its own), and out of the CPU per env step as the
         # same CPU per step at every density (the line's growth stays in it: steps per call are the config's)
-        calm_own = [o for (x, _), o in zip(costs, owns) if x == least]
+        calm_own = calm_of(owns)
         own_cpu = float(np.median([o[0] for o in calm_own]))
         out["snapshot_cpu_s"] = own_cpu
         out["call_s"] = max(0.0, float(out["call_s"]) - own_cpu - float(np.median([o[1] for o in calm_own])))
         out["step_cpu_s"] = max(0.0, float(out["step_cpu_s"]) - own_cpu / float(np.median([o[2] for o in owns])))
     if ends:  # the end does not grow with the crowd (Ray 2026-12-07: 1.38 s at 6 workers, 1.41 at 24, medians over
         out["finish_s"] = max(0.0, float(np.median(ends)))  # fourteen calibrations): every run's, the median
-    calm_posts = [p for (x, _), p in zip(costs, posts) if x == least]
+    calm_posts = calm_of(posts)
     if calm_posts and all(p is not None for p in calm_posts):  # (every least crowded run timed its posts, or none
         out["publish_s"] = float(np.median(calm_posts))  # counts)
     share = wait_share(shots) if "step_wait_s" in out and all(x is not None for x in shots) else None
     if share is not None:  # the sleep's overshoot holds that share of the waits for a core: the model makes its own,
         # so it is the calm runs' overshoot less their waits' share (else a prediction of the calm run itself would
         # count its waits twice: 2026-12-07, 32 us of 106 a step at 6 Ray workers)
-        calm_shot = [o for (x, _), o in zip(costs, shots) if x == least]
+        calm_shot = calm_of(shots)
         out["step_wait_s"] = float(np.median([max(0.0, over - share * w) for w, over in calm_shot]))
         out["wait_share"] = share
-    if any(o[0] > 0 for o in others):  # the slope over runs at two call rates (what is left at none is the machine's idle noise)
-        rate = np.asarray([o[0] for o in others if o[0] > 0])  # (a run with no calls has no CPU per call)
-        busy = np.asarray([o[1] for o in others if o[0] > 0])
+    called = [o for o in others if o[0] > 0]  # (a run with no calls has no CPU per call)
+    if called:  # the slope over runs at two call rates (what is left at none is the machine's idle noise)
+        rate = np.asarray([o[0] for o in called])
+        busy = np.asarray([o[1] for o in called])
         if spread_enough(rate):
             per_call = float(np.polyfit(rate, busy, 1)[0])
         else:  # (one rate, or repeats of one count: their slope would be noise)
