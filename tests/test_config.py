@@ -246,8 +246,9 @@ def test_cross_field_rules_name_the_key(overrides, key):
 
 
 def _train(*args):
-    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args, "hydra.run.dir=" + tempfile.mkdtemp(prefix="laglab-bad-")],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    with tempfile.TemporaryDirectory(prefix="laglab-bad-") as run_dir:  # (removed after: nothing left in /tmp)
+        return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args, "hydra.run.dir=" + run_dir],
+                              capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
 @pytest.mark.parametrize("args,needle", [

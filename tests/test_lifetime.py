@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -106,6 +107,8 @@ def test_a_killed_process_group_leaves_segments_that_the_next_start_removes(tmp_
     says so, while the segments of a run that is alive are kept."""
     sems = lambda: sorted(n for n in os.listdir("/dev/shm") if n.startswith("sem."))  # noqa: E731
     sems_before = sems()
+    pymp = lambda: sorted(n for n in os.listdir(tempfile.gettempdir()) if n.startswith("pymp-"))  # noqa: E731
+    pymp_before = pymp()
     live = _start(tmp_path / "live", "total_env_steps=50000000", start_new_session=True)
     dead = _start(tmp_path / "dead", "total_env_steps=50000000", start_new_session=True)
     try:
@@ -117,10 +120,18 @@ def test_a_killed_process_group_leaves_segments_that_the_next_start_removes(tmp_
         left = leftover_segments(dead.pid)
         assert len(left) == 6, left  # what a group kill leaves: nobody was left to unlink
         assert sems() == sems_before  # and no semaphore: there are none to leave
+        # nor multiprocessing's own temporary directory (the fork server's socket: pymp-* in /tmp, which only an
+        # orderly exit removes), but one of laglab's, with the dead learner's pid in its name
+        assert pymp() == pymp_before
+        assert len(_mp_dirs(dead.pid)) == 1 and len(_mp_dirs(live.pid)) == 1
+        from laglab.lifetime import sweep_mp_tempdirs
         from laglab.shm import sweep_stale
         removed = sweep_stale()
         assert set(left) <= set(removed) and not leftover_segments(dead.pid)
         assert len(leftover_segments(live.pid)) == 6  # a live run holds its life file's lock: kept
+        dead_dir = _mp_dirs(dead.pid)
+        assert set(dead_dir) <= set(sweep_mp_tempdirs()) and not _mp_dirs(dead.pid)
+        assert len(_mp_dirs(live.pid)) == 1  # alive: kept
         # the next start says what it removed
         os.killpg(live.pid, signal.SIGKILL)
         live.communicate(timeout=30)
@@ -134,7 +145,9 @@ def test_a_killed_process_group_leaves_segments_that_the_next_start_removes(tmp_
         # them may have said it first; then only their absence can be checked here)
         if not removed_by_another:
             assert "shared-memory segment(s) left in /dev/shm by killed runs" in log and str(live.pid) in log, log
-        assert not leftover_segments(live.pid)
+            assert "fork-server directory(ies) left in" in log, log
+        assert not leftover_segments(live.pid) and not _mp_dirs(live.pid)
+        assert pymp() == pymp_before  # (the next run, ended in order, left nothing either)
     finally:
         for p in (live, dead):
             if p.poll() is None:
@@ -142,7 +155,53 @@ def test_a_killed_process_group_leaves_segments_that_the_next_start_removes(tmp_
                 p.communicate()
 
 
+def _mp_dirs(pid):
+    """The temporary directories (the fork server's socket) laglab's learner ``pid`` made (lifetime.own_mp_tempdir)."""
+    from laglab.lifetime import MP_PREFIX
+    return sorted(n for n in os.listdir(tempfile.gettempdir()) if n.startswith(f"{MP_PREFIX}{pid}-"))
+
+
+_OWNER = """
+import sys, time
+sys.path.insert(0, {root!r})
+from laglab.lifetime import own_mp_tempdir
+from multiprocessing import util
+assert own_mp_tempdir() == util.get_temp_dir() == own_mp_tempdir()  # (multiprocessing's, and made once)
+print(util.get_temp_dir(), flush=True)
+{then}
+"""
+
+
+def test_the_fork_servers_directory_is_removed_by_the_next_start_once_its_learner_is_gone():
+    """What :func:`own_mp_tempdir` makes: multiprocessing's temporary directory for the process. An orderly exit
+    removes it; after a SIGKILL it stays until a start sweeps it, and a live owner's is never swept."""
+    import laglab
+    from laglab.lifetime import sweep_mp_tempdirs
+    root = os.path.dirname(list(laglab.__path__)[0])
+    done = subprocess.run([sys.executable, "-c", _OWNER.format(root=root, then="")], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert not os.path.exists(done.stdout.strip())  # an orderly exit removed it
+    procs = [subprocess.Popen([sys.executable, "-c", _OWNER.format(root=root, then="time.sleep(600)")],
+                              stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        dirs = [p.stdout.readline().strip() for p in procs]
+        assert all(os.path.basename(d) == _mp_dirs(p.pid)[0] for d, p in zip(dirs, procs))
+        assert not {os.path.basename(d) for d in dirs} & set(sweep_mp_tempdirs())  # both alive: kept
+        procs[0].kill()
+        procs[0].wait()
+        assert os.path.isdir(dirs[0])  # a SIGKILL leaves it ...
+        assert sweep_mp_tempdirs() == [os.path.basename(dirs[0])]  # ... for the next sweep, which takes only it
+        assert not os.path.exists(dirs[0]) and os.path.isdir(dirs[1])
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        sweep_mp_tempdirs()  # (the second one's, SIGKILLed last)
+
+
 def _sample_resources(monkeypatch):
+
     """Record, at every update, the learner's open fds, threads, /dev/shm segments, and the per-incarnation
     state it keeps (the ledger's streams, the throttle watermarks)."""
     from laglab.runners.driver import LearnerDriver

@@ -15,14 +15,22 @@ that a dead run could leave behind.
   /dev/shm, and a SIGKILLed process group leaves them there for good). The learner writes a byte without
   blocking (a full pipe has rung already); the child waits on its bell and the lifeline together, then empties
   the bell, so each wait re-reads the shared state once.
+- **The fork server's socket.** multiprocessing puts it in a temporary directory (``pymp-*`` in /tmp) that only an
+  orderly exit removes; a SIGKILLed learner left one behind per run. The learner's is a directory of ours instead
+  (:func:`own_mp_tempdir`: ``laglab-mp-<pid>-<token>``, with a life file the learner holds a lock on), which every
+  start removes once its learner is gone (:func:`sweep_mp_tempdirs`), however it died.
 """
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
+import secrets
+import shutil
 import signal
+import tempfile
 from multiprocessing.connection import wait as wait_conns
-from typing import Optional
+from typing import List, Optional
 
 PR_SET_PDEATHSIG = 1
 # the signals that stop a run at its next safe point (summary "interrupted"): Ctrl-C, SIGTERM, and SIGHUP -- the
@@ -69,6 +77,68 @@ def forget_fork_server() -> None:
         except OSError:
             pass
         forkserver._forkserver._forkserver_alive_fd = None
+
+
+MP_PREFIX = "laglab-mp-"  # multiprocessing's temporary directory of a laglab learner, in tempfile.gettempdir()
+MP_LIFE = "life"  # the file in it whose shared lock the learner holds for its whole life
+_mp_life: Optional[int] = None  # that lock's fd (this process's, once it owns its directory)
+
+
+def own_mp_tempdir() -> Optional[str]:
+    """Make multiprocessing's temporary directory for this process (the fork server's socket goes there) one that
+    :func:`sweep_mp_tempdirs` can remove after this process is SIGKILLed: ``laglab-mp-<pid>-<token>``, holding a
+    file ``life`` this process keeps a shared ``flock`` on (the kernel drops it however the process dies). The
+    directory appears under its name already locked (made under a hidden name, locked, then renamed), and an
+    orderly exit removes it as multiprocessing removes its own. Call it before anything asks multiprocessing for
+    its temporary directory (starting the fork server does); returns the directory, or None if multiprocessing
+    had made its own already (then it is left as it is: something may be using it)."""
+    global _mp_life
+    from multiprocessing import process, util
+
+    config = process.current_process()._config
+    if config.get("tempdir") is not None:
+        here = os.path.basename(config["tempdir"])
+        return config["tempdir"] if here.startswith(MP_PREFIX) and _mp_life is not None else None
+    base = tempfile.gettempdir()
+    hidden = tempfile.mkdtemp(prefix="." + MP_PREFIX, dir=base)
+    fd = os.open(os.path.join(hidden, MP_LIFE), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    path = os.path.join(base, f"{MP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}")
+    os.rename(hidden, path)
+    _mp_life = fd
+    config["tempdir"] = path
+    # removed at exit after every other finalizer, as multiprocessing removes its own (exitpriority -100)
+    util.Finalize(None, shutil.rmtree, args=(path, True), exitpriority=-100)
+    return path
+
+
+def sweep_mp_tempdirs() -> List[str]:
+    """Remove the temporary directories (:func:`own_mp_tempdir`) of laglab learners that are gone — SIGKILLed,
+    alone or with their whole process group — and so no longer hold the lock on their life file. A live
+    learner's, in this PID namespace or another sharing the temporary directory, is left alone. Returns the names
+    removed."""
+    base = tempfile.gettempdir()
+    try:
+        names = sorted(n for n in os.listdir(base) if n.startswith(MP_PREFIX))
+    except OSError:
+        return []
+    removed: List[str] = []
+    for n in names:
+        path = os.path.join(base, n)
+        try:
+            fd = os.open(os.path.join(path, MP_LIFE), os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            continue  # not one of ours as we make them (or another start just removed it)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # its learner holds it: alive
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(n)
+        finally:
+            os.close(fd)
+    return removed
 
 
 class Lifeline:

@@ -44,7 +44,7 @@ def warm_up(runner: Any) -> None:
     import signal
     from multiprocessing import forkserver
 
-    from ..lifetime import STOP_SIGNALS, start_resource_tracker
+    from ..lifetime import STOP_SIGNALS, own_mp_tempdir, start_resource_tracker
 
     import laglab
 
@@ -65,6 +65,7 @@ def warm_up(runner: Any) -> None:
     # both blocked (the mask survives exec) and keeps them blocked (forkserver_life), as do the actors it forks.
     # The resource tracker starts first (the server connects to it): its start would unblock them in this window
     start_resource_tracker()
+    own_mp_tempdir()  # (the server's socket goes in a directory a later start removes if this process is SIGKILLed)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # (and SIGHUP: a closed terminal)
     try:
         forkserver.ensure_running()
