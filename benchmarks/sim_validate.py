@@ -170,7 +170,9 @@ def predict(ovs: List[str], costs: Path | dict, seeds: int = SEEDS) -> Dict[str,
             "start_mean_s", "call_s_mean")
     out = {**outs[0], **{k: float(np.median([o[k] for o in outs])) for k in keys}}
     out.update({"seeds": len(outs), "lag_mean_min": min(o["lag_mean"] for o in outs),
-                "lag_mean_max": max(o["lag_mean"] for o in outs)})
+                "lag_mean_max": max(o["lag_mean"] for o in outs),
+                "lag_mean_seeds": [o["lag_mean"] for o in outs]})  # (each draw's: the lag of few uniform Ray workers
+    # is a draw of their start's phases, judged over many runs against the model's draws)
     return out
 
 

@@ -6,9 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from laglab.sim import Costs, Latency, SimError, compose, main, simulate, steady_rate
+from laglab.sim import Costs, Latency, SimError, compose, draws, main, simulate, steady_rate
 
 ROOT = Path(__file__).resolve().parents[1]
 FREE = dict(update_s=1e-6, fragment_s=0.0, infer_s=0.0, step_cpu_s=0.0, fetch_s=0.0, send_s=0.0, cores=64)
@@ -1076,6 +1077,26 @@ def test_a_worker_ray_started_before_it_was_asked_for_only_takes_up_its_actor():
     assert one["start_mean_s"] == pytest.approx(0.45, abs=0.01) and one["start_spread_s"] == pytest.approx(0.1, abs=0.01)
 
 
+def test_each_ray_worker_draws_its_own_wait_before_its_first_call():
+    # 64 workers on 128 cores start at once (0.5 s of CPU each) and wait start_wait_s = 1.0 s, each its own draw
+    # about it (start_wait_sd_s = 0.1): their first env steps spread as 64 normal draws do (a range of 4.85 sd on
+    # average, 0.485 s; the mean of 6 seeds' ranges has a standard deviation of about 0.025 s) about 1.5 s; with no
+    # spread they step together; the draw is the seed's
+    c = cfg("actors=64", "actor.max_lead_steps=null", "total_env_steps=40960", "runner=ray", "runner.cpus_per_actor=1",
+            "actor.envs_per_actor=1", "actor.rollout_len=16")
+    lat = Latency("fixed", per_actor_ms=[2.0])
+    start = {**FREE, "cores": 128, "start_cpu_s": 0.5, "start_wait_s": 1.0}
+    together = simulate(c, Costs(**start), lat)
+    assert together["start_spread_s"] == pytest.approx(0.0, abs=1e-9)
+    assert together["start_mean_s"] == pytest.approx(1.5, abs=1e-6)
+    drawn = [simulate(c, Costs(**start, start_wait_sd_s=0.1), lat, seed=s) for s in range(6)]
+    assert 0.41 < np.mean([d["start_spread_s"] for d in drawn]) < 0.56
+    assert all(d["start_mean_s"] == pytest.approx(1.5, abs=0.05) for d in drawn)
+    assert len({d["start_spread_s"] for d in drawn}) == 6
+    assert simulate(c, Costs(**start, start_wait_sd_s=0.1), lat, seed=1)["start_spread_s"] == drawn[1]["start_spread_s"]
+    assert draws(c, Costs(**start, start_wait_sd_s=0.1)) and not draws(c, Costs(**start))
+
+
 def test_a_starting_ray_worker_takes_turns_with_the_running_ones_on_its_core():
     # a start's CPU is served in 4 ms slices, as the kernel's time slices share a core: on one core, one worker
     # running (1 ms of CPU, then a 2 ms sleep) and one starting (0.3 s of CPU) take turns. The running worker, woken
@@ -1149,13 +1170,15 @@ def test_calibration_of_a_ray_run_takes_the_workers_start(tmp_path):
     assert born["start_cpu_s"] == pytest.approx(0.6) and born["boot_cpu_s"] == pytest.approx(0.3)
     assert born["boot_wait_s"] == pytest.approx(0.505 - 0.3) and born["prestarted"] == 1
     assert born["start_wait_s"] == pytest.approx(0.195 - call)
+    # and how far those waits spread about their median (0, -0.06, 0, +0.08: a standard deviation of 0.0574)
+    assert born["start_wait_sd_s"] == pytest.approx(0.0574, abs=1e-4)
     # the least crowded runs with and without the moments: the older split for both
     old5 = run_dir("old5", "ray", cpus)
     s5 = json.loads((old5 / "summary.json").read_text())
     (old5 / "summary.json").write_text(json.dumps({**s5, "provenance": {"usable_cpus": 2}}))
     both = calibrate([d, old5])
     assert both["startup_s"] == pytest.approx(4.0 - 1.0) and "boot_cpu_s" not in both
-    assert both["start_wait_s"] == pytest.approx(5.5 - 4.0 - 0.6 - call)
+    assert both["start_wait_s"] == pytest.approx(5.5 - 4.0 - 0.6 - call) and "start_wait_sd_s" not in both
     # a crowd of 10 workers on 2 cores whose starts past Ray's part take 0.5 s of CPU each (the 5 above: 0.3, the
     # median of workers 1-4): that part as a line in actors per core, 0.3 at 2.5 and 0.5 at 5, is 0.1 + 0.08 x
     # actors per core: start_crowding_s 0.08, start_cpu_s Ray's part (the least crowded run's 0.3) + 0.1

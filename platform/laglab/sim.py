@@ -53,7 +53,10 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   ``boot_wait_s``, at nice 0, leaving the nice-15 workers on its core their weight's share; then the rest of
   ``start_cpu_s`` (plus ``start_crowding_s`` per actor per core: it grows with the crowd) beside the other
   starting workers, then
-  ``start_wait_s``, then its first call: :func:`simulate`'s ``ray_start``): ``start_spread_s`` is the model's time
+  ``start_wait_s``, then its first call: :func:`simulate`'s ``ray_start``; each worker draws its own wait, spread
+  by ``start_wait_sd_s`` as the calibration runs' workers' waits spread: with few uniform workers those phases
+  decide, for the whole run, which calls start inside an update and so get the version before, and a run's mean lag
+  is a draw of them, 0.4875-0.609 over 25 runs of 4 workers): ``start_spread_s`` is the model's time
   from the first worker's first env step to the last's (a run's summary: ``startup.all_actors_stepping -
   startup.first_env_step``) and ``start_mean_s`` the workers' mean first env step after they were asked for (a
   run's ``startup_actors.first_env_step`` less ``startup.actors_started``); both NaN where the model has no start
@@ -164,6 +167,8 @@ class Costs:
     boot_wait_s: float = 0.0  # runner=ray: the rest of a worker's turn among Ray's starting workers beyond boot_cpu_s
                               # (its turn ends as it registers: the births of the workers after it, cores later)
     start_wait_s: float = 0.0  # runner=ray: a worker's wait after that CPU until its first call (holds no core)
+    start_wait_sd_s: float = 0.0  # runner=ray: how far that wait spreads over the workers (a standard deviation):
+                                  # each worker draws its own, normal about start_wait_s and no less than 0
     start_crowding_s: float = 0.0  # runner=ray: CPU added to the rest of each worker's start (past boot_cpu_s) by
                                    # each actor per core: start_cpu_s + start_crowding_s x actors / cores (a line
                                    # fitted by --calibrate over runs at two counts, as crowding_s)
@@ -543,11 +548,11 @@ SCHEDULERS = ("cores", "pool")
 
 
 def draws(cfg: Config, costs: Costs, latency: Optional[Latency] = None, sched: str = "cores") -> bool:
-    """Whether the model's prediction depends on its seed: lognormal latencies, Ray's per-call round trips, or
-    per-core queues that tasks leave by chance (shared cores, ``0 < wake_move_p < 1``)."""
+    """Whether the model's prediction depends on its seed: lognormal latencies, Ray's per-call round trips or its
+    workers' waits before their first call, or per-core queues that tasks leave by chance (shared cores, ``0 < wake_move_p < 1``)."""
     if latency is not None and latency.kind == "lognormal":
         return True
-    if cfg.runner.name.value == "ray" and costs.call_s > 0:
+    if cfg.runner.name.value == "ray" and (costs.call_s > 0 or costs.start_wait_sd_s > 0):
         return True
     return sched == "cores" and not own_cores(cfg, costs) and 0 < costs.wake_move_p < 1
 
@@ -584,6 +589,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     check(cfg, costs, latency)
     rng = np.random.default_rng(seed)
     call_rng = np.random.default_rng([seed, 1])  # (Ray's round trips: their own stream, apart from the latencies')
+    start_rng = np.random.default_rng([seed, 3])  # (Ray's workers' waits to their first call: their own stream)
     env = simpy.Environment()
     N, E, T = cfg.actors, cfg.actor.envs_per_actor, cfg.actor.rollout_len
     if own_cores(cfg, costs) and not contend:
@@ -727,8 +733,11 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
                 if costs.boot_wait_s > 0:
                     yield env.timeout(costs.boot_wait_s)
         yield from sliced(i, max(0.0, costs.start_cpu_s - (costs.boot_cpu_s or costs.start_cpu_s)) + start_more)
-        if costs.start_wait_s > 0:
-            yield env.timeout(costs.start_wait_s)
+        wait = costs.start_wait_s
+        if costs.start_wait_sd_s > 0:
+            wait = max(0.0, wait + costs.start_wait_sd_s * float(start_rng.standard_normal()))
+        if wait > 0:
+            yield env.timeout(wait)
 
     def ray_actor(i: int):
         version, stepped = -1, False
@@ -1153,8 +1162,8 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
                     "startup_s": asked, "start_cpu_s": cpu0, "boot_cpu_s": min(boot, cpu0),
                     "prestarted": float(sum(1 for k in first if k in born and k not in fresh)),
                     "boot_wait_s": max(0.0, turn - boot),
-                    "start_wait_s": max(0.0, float(np.median([booted[k] - born[k] - turn + first[k] - built[k]
-                                                              for k in fresh])) - c.get("call_s", 0.0))}
+                    "_waits": [booted[k] - born[k] - turn + first[k] - built[k] for k in fresh]}
+                c["_start"]["start_wait_s"] = max(0.0, float(np.median(c["_start"]["_waits"])) - c.get("call_s", 0.0))
         costs.append((crowding, c))
         used.append(str(d))
     # every cost measured as wall time (an update, a fragment, an inference, a wait) also holds the waits for a core
@@ -1181,9 +1190,14 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     # the older split where every calm run has that; else startup_s to the first env step, as every runner's
     for starts in (newer, older):
         if all(s is not None for s in starts):
-            out.update({k: float(np.median([s[k] for s in starts])) for k in sorted(starts[0])})
+            out.update({k: float(np.median([s[k] for s in starts])) for k in sorted(starts[0]) if k[0] != "_"})
             if "prestarted" in out:  # (a count: the median of two runs may fall between)
                 out["prestarted"] = float(math.floor(out["prestarted"]))
+            # how far the workers' waits spread about their run's median (pooled over the calm runs): what sets
+            # the phases of few uniform workers, and so which lag state a run falls into
+            spread = [w - float(np.median(s["_waits"])) for s in starts for w in s.get("_waits", [])]
+            if len(spread) >= 3:
+                out["start_wait_sd_s"] = float(np.std(spread, ddof=1))
             break
     rest_fit = crowding_fit(rests) if "boot_cpu_s" in out else None
     if rest_fit is not None:  # the rest of a start as a line in actors per core, as the actors' CPU per env step
