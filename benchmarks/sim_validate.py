@@ -221,9 +221,22 @@ def recalibrated(cal_dirs: List[Path], ovs: List[str]) -> tuple[dict, Dict[str, 
     return json.loads(p.stdout), predict(ovs, json.loads(p.stdout))
 
 
+def draw_columns(q: Dict[str, object], pred: str) -> Dict[str, float]:
+    """A prediction's draws of the mean lag (one per seed, where the model draws): their mean, least and greatest
+    (``<pred>_lag_draws``, ``_min``, ``_max``; NaN for predictions from before 2026-12-07 13:10, which kept only
+    the median, least and greatest). The lag of few uniform Ray workers is a draw of their start's phases: the
+    report judges it over a cell's runs by these (analysis.sim_validation.drawn_table)."""
+    seeds = q.get("lag_mean_seeds")
+    nan = float("nan")
+    if not seeds:
+        return {f"{pred}_lag_draws": nan, f"{pred}_lag_draws_min": nan, f"{pred}_lag_draws_max": nan}
+    return {f"{pred}_lag_draws": float(np.mean(seeds)), f"{pred}_lag_draws_min": float(min(seeds)),
+            f"{pred}_lag_draws_max": float(max(seeds))}
+
+
 def re_columns(q: Dict[str, float]) -> Dict[str, float]:
     """A re-prediction's columns in the report (``re_*``; ``re_seeds`` the seeds it is the median of)."""
-    return {"re_sps": q["sps_steady"], "re_lag_mean": q["lag_mean"], "re_lag_p95": q["lag_p95"],
+    return {**draw_columns(q, "re"), "re_sps": q["sps_steady"], "re_lag_mean": q["lag_mean"], "re_lag_p95": q["lag_p95"],
             "re_cpu_wait": q.get("actor_cpu_wait_frac", float("nan")), "re_seeds": q.get("seeds", 1),
             "re_sps_run": q.get("sps", float("nan")), "re_start_spread": q.get("start_spread_s", float("nan")),
             "re_start_mean": q.get("start_mean_s", float("nan")), "re_call_ms": 1e3 * q.get("call_s_mean", float("nan"))}
@@ -267,6 +280,7 @@ def records_of(out: Path, cells, preds, reals, dirs, every: str, counts: List[in
                    "pred_start_mean": p.get("start_mean_s", float("nan")),
                    "real_start_mean": x.get("start_mean_s", float("nan")),
                    "pred_call_ms": 1e3 * p.get("call_s_mean", float("nan")),
+                   **draw_columns(p, "pred"),
                    "real_call_ms": 1e3 * x.get("call_s", float("nan")),
                    "real_cpu_us": x["cpu_us"], "pred_cpu_wait": p.get("actor_cpu_wait_frac", float("nan")),
                    "real_cpu_wait": x.get("cpu_wait_frac", float("nan")),

@@ -67,6 +67,30 @@ def test_the_whole_run_and_the_workers_start_beside_the_goal():
     assert pd.isna(sv.cell_table(pd.DataFrame([_run(8, 0, 100, 100)])).iloc[0]["start mean real"])
 
 
+def test_a_drawn_lag_is_judged_over_the_cells_runs():
+    # 10 runs of one cell whose mean lag is a draw: 6 at 0.4875, 4 at 0.6 (mean 0.5325); each prediction the mean of
+    # its seeds' draws (0.5 in every run: within 6.1% of the runs' mean, the goal met over the runs though 4 runs
+    # are 16.7% off one by one); a cell of 4 runs, or with a prediction that kept no draws, is not judged this way
+    lags = [0.4875] * 6 + [0.6] * 4
+    draws = dict(pred_lag_draws=0.5, pred_lag_draws_min=0.4875, pred_lag_draws_max=0.55)
+    runs = pd.DataFrame([_run(4, i, 100, 100, lag_pred=0.4875, lag_real=x, **draws) for i, x in enumerate(lags)]
+                        + [_run(8, i, 100, 100, **draws) for i in range(4)])
+    t = sv.drawn_table(runs)
+    assert list(t["actors"]) == [4]
+    r = t.iloc[0]
+    assert r["lag real, mean"] == pytest.approx(0.5325) and r["lag pred, mean"] == pytest.approx(0.5)
+    assert r["lag err of means"] == pytest.approx(0.5 / 0.5325 - 1) and r["goal, over runs"]
+    assert r["real higher"] == "4/10" and r["real range"] == "0.487 .. 0.600"
+    assert r["pred draws range"] == "0.487 .. 0.550"
+    lo, hi = (float(x) for x in r["real 95% CI"].split(" .. "))
+    assert 0.4875 < lo < 0.5325 < hi < 0.6  # the bootstrap over the runs: inside their range, about their mean
+    assert not sv.cell_table(runs[runs["actors"] == 4]).iloc[0]["goal"]  # run by run: missed
+    far = runs.assign(pred_lag_draws=0.45)  # 15.5% under the runs' mean
+    assert not sv.drawn_table(far).iloc[0]["goal, over runs"]
+    assert sv.drawn_table(runs.assign(pred_lag_draws=float("nan"))).empty
+    assert sv.drawn_table(runs.drop(columns=["pred_lag_draws"])).empty
+
+
 def test_re_prediction_columns_are_their_own_table():
     runs = pd.DataFrame([_run(8, 0, 150, 100, re_sps=103.0, re_lag_mean=1.0, re_lag_p95=2.0)])
     assert not sv.cell_table(runs).iloc[0]["goal"]
