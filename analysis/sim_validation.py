@@ -18,7 +18,7 @@ The table per cell: predicted and measured medians over the cell's runs, the med
 errors (the machine moves between runs: a cell's runs differ by more than its median error at many
 actors). The goal (issue 20): SPS and mean lag within 10%, p95 within one version. Where a cell ran
 :data:`DRAWN_RUNS` times or more and its predictions kept the model's draws (``pred_lag_draws``, ``_min``,
-``_max``: from 2026-12-07 13:10 on), :func:`drawn_table` judges its mean lag over the runs as well (the lag of few
+``_max``: from ee8ec45, 2026-12-07 13:15, on), :func:`drawn_table` judges its mean lag over the runs as well (the lag of few
 uniform Ray workers is a draw of their start).
 """
 from __future__ import annotations
@@ -143,14 +143,16 @@ DRAWN_RUNS = 5  # a cell's mean lag is judged over its runs (drawn_table) from t
 
 
 def drawn_table(runs: pd.DataFrame, pred: str = "pred") -> pd.DataFrame:
-    """The mean lag judged over a cell's runs, for cells of :data:`DRAWN_RUNS` or more runs whose predictions kept
-    the model's draws (``<pred>_lag_draws``: each prediction's mean over its seeds). With few uniform Ray workers a
-    run's mean lag is a draw of its workers' start phases (0.4875-0.609 over 25 runs of 4 workers): one run cannot
-    judge a figure that spreads 25%, so the goal applies to the expected lag, the mean over the cell's runs against
-    the mean of the model's draws, each prediction from its own calibration. Intervals: percentile bootstrap over
-    the runs (95%; a cell's 10 runs are few: the interval is wide, and says so); the error's interval resamples both
-    sides independently. ``higher``: the runs (the draws) above the least of them all by more than 2%, the share
-    that fell into a higher lag state."""
+    """The mean lag judged over a cell's runs, for cells of :data:`DRAWN_RUNS` or more runs whose predictions all
+    kept the model's draws (``<pred>_lag_draws``: each prediction's mean over its seeds). With few uniform Ray
+    workers a run's mean lag is a draw of its workers' start phases (0.484-0.609 over 25 runs of 4 workers): one run
+    cannot judge a figure that spreads 25%, so the goal applies to the expected lag, the mean over the cell's runs
+    against the mean of the model's draws, each prediction from its run's own calibration. Intervals: percentile
+    bootstrap over the runs, 95%; the error's resamples the runs with their predictions (paired by repeat: each
+    run was predicted from its own calibration). At 10 runs a percentile interval is approximate and reads narrow
+    (about 90% coverage). ``goal, over runs``: met where the error's interval lies within the goal, missed where it
+    lies outside, not shown either way where it straddles the goal's edge. ``real higher``: the runs above the
+    least of all the runs and draws by more than 2%, the runs that fell into a higher lag state."""
     from analysis import stats
 
     col = f"{pred}_lag_draws"
@@ -158,21 +160,24 @@ def drawn_table(runs: pd.DataFrame, pred: str = "pred") -> pd.DataFrame:
     if col not in runs:
         return pd.DataFrame()
     for key, g in runs.groupby(KEY, sort=False):
-        if len(g) < DRAWN_RUNS or g[col].isna().any():
+        g = g.sort_values("repeat")
+        if len(g) < DRAWN_RUNS or g[col].isna().any() or g["real_lag_mean"].isna().any():
             continue
         real, model = g["real_lag_mean"].to_numpy(float), g[col].to_numpy(float)
         lo_all = min(real.min(), float(g[f"{col}_min"].min()))
         r_mid, r_lo, r_hi = stats.interval(stats.mean, real)
         m_mid, m_lo, m_hi = stats.interval(stats.mean, model)
-        err, e_lo, e_hi = stats.interval2(stats.ratio(stats.mean), model, real)
+        err, e_lo, e_hi = (x - 1 for x in stats.interval2(stats.ratio(stats.mean), model, real, paired=True))
+        verdict = ("met" if -GOAL_LAG <= e_lo and e_hi <= GOAL_LAG else
+                   "**missed**" if e_hi < -GOAL_LAG or e_lo > GOAL_LAG else "not shown")
         rows.append({**dict(zip(KEY, key)), "runs": len(g),
                      "lag real, mean": r_mid, "real 95% CI": f"{r_lo:.3f} .. {r_hi:.3f}",
                      "real range": f"{real.min():.3f} .. {real.max():.3f}",
                      "real higher": f"{int((real > 1.02 * lo_all).sum())}/{len(g)}",
                      "lag pred, mean": m_mid, "pred 95% CI": f"{m_lo:.3f} .. {m_hi:.3f}",
                      "pred draws range": f"{float(g[f'{col}_min'].min()):.3f} .. {float(g[f'{col}_max'].max()):.3f}",
-                     "lag err of means": err - 1, "err 95% CI": f"{e_lo - 1:+.1%} .. {e_hi - 1:+.1%}",
-                     "goal, over runs": bool(abs(err - 1) <= GOAL_LAG)})
+                     "lag err of means": err, "err 95% CI": f"{e_lo:+.1%} .. {e_hi:+.1%}",
+                     "goal, over runs": verdict})
     return pd.DataFrame(rows)
 
 
@@ -268,8 +273,10 @@ def build(d: str | Path) -> str:
             out += ["The mean lag over each cell's runs (`drawn_table`: where a run's mean lag is a draw of its "
                     "workers' start, the goal is on the expected lag, the mean of the runs against the mean of the "
                     "model's draws, each run's prediction the mean of its seeds; 95% percentile-bootstrap intervals "
-                    "over the runs, wide at this n; `higher`: the runs above the least of all runs and draws by more "
-                    "than 2%):", "", _md(drawn.drop(columns=["set"])), ""]
+                    "over the runs, the error's paired by run; at this n approximate, and narrow rather than wide; "
+                    "the goal met where the error's whole interval is within it, missed where it is outside, else "
+                    "not shown; `higher`: the runs above the least of all runs and draws by more than 2%):", "",
+                    _md(drawn.drop(columns=["set"])), ""]
         if "re_sps" in g.columns and g["re_sps"].notna().any():
             r = cell_table(g, pred="re")
             seeds = int(g["re_seeds"].max()) if "re_seeds" in g and g["re_seeds"].notna().any() else 1

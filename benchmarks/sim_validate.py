@@ -223,7 +223,7 @@ def recalibrated(cal_dirs: List[Path], ovs: List[str]) -> tuple[dict, Dict[str, 
 
 def draw_columns(q: Dict[str, object], pred: str) -> Dict[str, float]:
     """A prediction's draws of the mean lag (one per seed, where the model draws): their mean, least and greatest
-    (``<pred>_lag_draws``, ``_min``, ``_max``; NaN for predictions from before 2026-12-07 13:10, which kept only
+    (``<pred>_lag_draws``, ``_min``, ``_max``; NaN for predictions from before ee8ec45 (2026-12-07 13:15), which kept only
     the median, least and greatest). The lag of few uniform Ray workers is a draw of their start's phases: the
     report judges it over a cell's runs by these (analysis.sim_validation.drawn_table)."""
     seeds = q.get("lag_mean_seeds")
@@ -296,19 +296,26 @@ def records_of(out: Path, cells, preds, reals, dirs, every: str, counts: List[in
     return recs, costs
 
 
-def repredict(report_dir: Path, write: bool = False) -> int:
+def repredict(report_dir: Path, write: bool = False, only: str | None = None,
+              what_if: Dict[str, float] | None = None) -> int:
     """This checkout's model on every run of a validation report, from the costs stored with the run (the
     ``recalibrated`` ones where the report has them, else those it was predicted from): a model change judged on
-    the committed runs without running anything (which makes them its development set)."""
+    the committed runs without running anything (which makes them its development set). ``only``: one set's runs;
+    ``what_if``: costs replaced in every re-prediction (what one cost changes, e.g. ``start_wait_sd_s`` 0)."""
     from analysis import sim_validation as sv
 
     runs, sets = sv.load(report_dir)
+    if only is not None:
+        if only not in sets:
+            raise SystemExit(f"{report_dir}: no set {only!r}; its sets: {', '.join(sets)}")
+        runs, sets = runs[runs["set"] == only], {only: sets[only]}
     allc = json.loads((report_dir / sv.COSTS).read_text())
     commit = head_commit()  # (before --write changes the report's files)
     now = []
     for _, r in runs.iterrows():
         c = allc[sv.run_key(r)]
-        p = predict(overrides(int(r["actors"]), r["latency"], r["runner"]), c.get("recalibrated", c["predicted_from"]))
+        c = {**c.get("recalibrated", c["predicted_from"]), **(what_if or {})}
+        p = predict(overrides(int(r["actors"]), r["latency"], r["runner"]), c)
         now.append({k.replace("re_", "now_"): v for k, v in re_columns(p).items()})
     now = pd.DataFrame(now, index=runs.index)
     if write:  # the report's re-prediction becomes this checkout's (its as-predicted columns stay)
@@ -331,6 +338,9 @@ def repredict(report_dir: Path, write: bool = False) -> int:
                  "lag err per run", "p95 diff per run", "cpu wait pred", "cpu wait real", "goal"]].to_string(index=False,
                                                                           float_format=lambda x: f"{x:.3g}"))
         print(sv.worst(t))
+        drawn = sv.drawn_table(g, pred="now")
+        if len(drawn):
+            print(drawn.drop(columns=["set"]).to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     return 0
 
 
@@ -413,12 +423,16 @@ def main() -> int:
                          "checkout's model (costs recomputed from them; the re_* columns)")
     ap.add_argument("--add-to", metavar="REPORT", help="put the runs into a validation report's compact data "
                     "(analysis.sim_validation; rebuild with python -m analysis.report REPORT) as --set")
-    ap.add_argument("--set", help="with --add-to: the set's name (replaces a set of that name)")
+    ap.add_argument("--set", help="with --add-to: the set's name (replaces a set of that name); with --repredict: "
+                                  "the one set to re-predict")
     ap.add_argument("--role", default="", help="with --add-to: e.g. 'development set', 'held out'")
     ap.add_argument("--what", default="", help="with --add-to: what the set is, how it came about")
     ap.add_argument("--repredict", metavar="REPORT", help="no runs: re-predict every run of a validation report "
                     "(reports/sim_validation) with this checkout's model from the costs stored with it (recalibrated "
                     "where the report has them) and print the table beside the report's")
+    ap.add_argument("--cost", action="append", default=[], metavar="NAME=SECONDS",
+                    help="with --repredict: a cost replaced in every re-prediction (a what-if, printed only); "
+                         "--set there picks one set")
     ap.add_argument("--write", action="store_true", help="with --repredict: store the re-prediction as the report's "
                                                          "re_* columns (rebuild it with python -m analysis.report)")
     ap.add_argument("--cross", metavar="DIR", help="no runs: predict each cell of an --out DIR (of --actors and "
@@ -436,7 +450,15 @@ def main() -> int:
     if a.write and not a.repredict:
         ap.error("--write goes with --repredict")
     if a.repredict:
-        return repredict(Path(a.repredict), a.write)
+        try:
+            what_if = {k: float(v) for k, v in (c.split("=", 1) for c in a.cost)}
+        except ValueError:
+            ap.error(f"--cost takes NAME=SECONDS, got {' '.join(a.cost)}")
+        if what_if and a.write:
+            ap.error("--cost is a what-if: it is not written into the report (leave out --write)")
+        if a.set and a.write:
+            ap.error("--write re-predicts every set of the report: leave out --set")
+        return repredict(Path(a.repredict), a.write, a.set, what_if)
     if a.cross:
         return cross(Path(a.cross), cells, a.runner)
     if a.reanalyze:

@@ -2,6 +2,7 @@
 (Its validation against real runs is a benchmark, not a test: benchmarks/sim_validate.py.)"""
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -1079,9 +1080,10 @@ def test_a_worker_ray_started_before_it_was_asked_for_only_takes_up_its_actor():
 
 def test_each_ray_worker_draws_its_own_wait_before_its_first_call():
     # 64 workers on 128 cores start at once (0.5 s of CPU each) and wait start_wait_s = 1.0 s, each its own draw
-    # about it (start_wait_sd_s = 0.1): their first env steps spread as 64 normal draws do (a range of 4.85 sd on
-    # average, 0.485 s; the mean of 6 seeds' ranges has a standard deviation of about 0.025 s) about 1.5 s; with no
-    # spread they step together; the draw is the seed's
+    # about it (start_wait_sd_s = 0.1): their first env steps spread as 64 normal draws do (a range of 4.69 sd on
+    # average, 0.469 s; the mean of 6 seeds' ranges has a standard deviation of about 0.025 s) about 1.5 s; with no
+    # spread they step together; the draw is the seed's. About no wait at all, the draw is clamped at 0 (no wait is
+    # negative): half the workers wait 0, and the mean wait is 0.399 x the spread (sd x the normal density at 0)
     c = cfg("actors=64", "actor.max_lead_steps=null", "total_env_steps=40960", "runner=ray", "runner.cpus_per_actor=1",
             "actor.envs_per_actor=1", "actor.rollout_len=16")
     lat = Latency("fixed", per_actor_ms=[2.0])
@@ -1090,11 +1092,15 @@ def test_each_ray_worker_draws_its_own_wait_before_its_first_call():
     assert together["start_spread_s"] == pytest.approx(0.0, abs=1e-9)
     assert together["start_mean_s"] == pytest.approx(1.5, abs=1e-6)
     drawn = [simulate(c, Costs(**start, start_wait_sd_s=0.1), lat, seed=s) for s in range(6)]
-    assert 0.41 < np.mean([d["start_spread_s"] for d in drawn]) < 0.56
+    assert 0.40 < np.mean([d["start_spread_s"] for d in drawn]) < 0.54
     assert all(d["start_mean_s"] == pytest.approx(1.5, abs=0.05) for d in drawn)
     assert len({d["start_spread_s"] for d in drawn}) == 6
     assert simulate(c, Costs(**start, start_wait_sd_s=0.1), lat, seed=1)["start_spread_s"] == drawn[1]["start_spread_s"]
     assert draws(c, Costs(**start, start_wait_sd_s=0.1)) and not draws(c, Costs(**start))
+    assert not draws(c, Costs(**{**FREE, "cores": 128, "start_wait_sd_s": 0.1}))  # (no start: nothing drawn)
+    clamped = [simulate(c, Costs(**{**start, "start_wait_s": 0.0, "start_wait_sd_s": 0.1}), lat, seed=s)["start_mean_s"]
+               for s in range(6)]
+    assert np.mean(clamped) == pytest.approx(0.5 + 0.0399, abs=0.01)
 
 
 def test_a_starting_ray_worker_takes_turns_with_the_running_ones_on_its_core():
@@ -1170,8 +1176,17 @@ def test_calibration_of_a_ray_run_takes_the_workers_start(tmp_path):
     assert born["start_cpu_s"] == pytest.approx(0.6) and born["boot_cpu_s"] == pytest.approx(0.3)
     assert born["boot_wait_s"] == pytest.approx(0.505 - 0.3) and born["prestarted"] == 1
     assert born["start_wait_s"] == pytest.approx(0.195 - call)
-    # and how far those waits spread about their median (0, -0.06, 0, +0.08: a standard deviation of 0.0574)
+    # and how far those waits spread (0.195, 0.135, 0.195, 0.275 about their mean 0.2: a standard deviation of
+    # sqrt(0.0099 / 3) = 0.0574)
     assert born["start_wait_sd_s"] == pytest.approx(0.0574, abs=1e-4)
+    # two calm runs, the second's workers all 0.1 s later to their first step: the spread within each run is the
+    # same, pooled about each run's own mean (sqrt(2 x 0.0099 / 6)); about one mean for both it would read 0.076
+    later = tmp_path / "later"
+    shutil.copytree(d, later)
+    s2 = json.loads((later / "summary.json").read_text())
+    s2["startup_actors"]["first_env_step"] = {k: t + 0.1 for k, t in s2["startup_actors"]["first_env_step"].items()}
+    (later / "summary.json").write_text(json.dumps(s2))
+    assert calibrate([d, later])["start_wait_sd_s"] == pytest.approx(0.0574, abs=1e-4)
     # the least crowded runs with and without the moments: the older split for both
     old5 = run_dir("old5", "ray", cpus)
     s5 = json.loads((old5 / "summary.json").read_text())

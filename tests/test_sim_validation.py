@@ -79,16 +79,28 @@ def test_a_drawn_lag_is_judged_over_the_cells_runs():
     assert list(t["actors"]) == [4]
     r = t.iloc[0]
     assert r["lag real, mean"] == pytest.approx(0.5325) and r["lag pred, mean"] == pytest.approx(0.5)
-    assert r["lag err of means"] == pytest.approx(0.5 / 0.5325 - 1) and r["goal, over runs"]
+    assert r["lag err of means"] == pytest.approx(0.5 / 0.5325 - 1)
+    e_lo, e_hi = (float(x.rstrip("%")) / 100 for x in r["err 95% CI"].split(" .. "))
+    # the error's interval: the runs resampled (the model's side is one figure): 0.5 over the mean of 10 runs of
+    # 0.4875 or 0.6, which resamples lie between (0.5 / 0.6 - 1 = -16.7% and 0.5 / 0.4875 - 1 = +2.6%)
+    assert -0.167 < e_lo < r["lag err of means"] < e_hi < 0.026
+    assert r["goal, over runs"] == "not shown"  # (the interval reaches past -10%: not shown met, nor missed)
     assert r["real higher"] == "4/10" and r["real range"] == "0.487 .. 0.600"
     assert r["pred draws range"] == "0.487 .. 0.550"
     lo, hi = (float(x) for x in r["real 95% CI"].split(" .. "))
     assert 0.4875 < lo < 0.5325 < hi < 0.6  # the bootstrap over the runs: inside their range, about their mean
     assert not sv.cell_table(runs[runs["actors"] == 4]).iloc[0]["goal"]  # run by run: missed
-    far = runs.assign(pred_lag_draws=0.45)  # 15.5% under the runs' mean
-    assert not sv.drawn_table(far).iloc[0]["goal, over runs"]
-    assert sv.drawn_table(runs.assign(pred_lag_draws=float("nan"))).empty
+    far = runs.assign(pred_lag_draws=0.40)  # 25% under the runs' mean: the whole interval outside the goal
+    assert sv.drawn_table(far).iloc[0]["goal, over runs"] == "**missed**"
+    close = runs.assign(real_lag_mean=[0.50, 0.51] * 5 + [1.0] * 4)  # within 1-2% in every resample
+    assert sv.drawn_table(close).iloc[0]["goal, over runs"] == "met"
+    assert list(sv.drawn_table(runs[runs["repeat"] < 5])["runs"]) == [5]  # 5 runs are judged this way, 4 not
+    one_missing = runs.copy()
+    one_missing.loc[3, "pred_lag_draws"] = float("nan")  # (a prediction without its draws: the cell is not judged)
+    assert sv.drawn_table(one_missing).empty
     assert sv.drawn_table(runs.drop(columns=["pred_lag_draws"])).empty
+    # a draw below every run: the state the runs are counted above is the least of runs and draws
+    assert sv.drawn_table(runs.assign(pred_lag_draws_min=0.40)).iloc[0]["real higher"] == "10/10"
 
 
 def test_re_prediction_columns_are_their_own_table():

@@ -29,6 +29,7 @@ import secrets
 import shutil
 import signal
 import tempfile
+import time
 from multiprocessing.connection import wait as wait_conns
 from typing import List, Optional
 
@@ -81,17 +82,56 @@ def forget_fork_server() -> None:
 
 MP_PREFIX = "laglab-mp-"  # multiprocessing's temporary directory of a laglab learner, in tempfile.gettempdir()
 MP_LIFE = "life"  # the file in it whose shared lock the learner holds for its whole life
+# the longest directory the fork server's socket fits in: a socket's path is at most 107 bytes (sun_path), and
+# multiprocessing names it "listener-" and 8 random characters
+MP_DIR_MAX = 107 - len("/listener-") - 8
+STALE_S = 60.0  # a directory of ours left half made or half removed is swept once this old (nobody is at it then)
 _mp_life: Optional[int] = None  # that lock's fd (this process's, once it owns its directory)
+
+
+def _remove_mp_dir(path: str) -> None:
+    """Remove one of our directories, its life file last (a removal cut short leaves a directory the sweep still
+    recognises as ours and judges by its lock), then the directory; whatever fails is left to a later sweep."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return
+    for n in sorted(names, key=lambda n: n == MP_LIFE):
+        p = os.path.join(path, n)
+        try:
+            if os.path.isdir(p) and not os.path.islink(p):
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                os.unlink(p)
+        except OSError:
+            pass
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+def _remove_own_mp_dir(path: str) -> None:
+    """At an orderly exit (multiprocessing's finalizers, after every other one): as multiprocessing does with its
+    own, remove the directory and forget it, so nothing later asks for a directory that is gone."""
+    from multiprocessing import process
+
+    _remove_mp_dir(path)
+    config = process.current_process()._config
+    if config.get("tempdir") == path:
+        config["tempdir"] = None
 
 
 def own_mp_tempdir() -> Optional[str]:
     """Make multiprocessing's temporary directory for this process (the fork server's socket goes there) one that
     :func:`sweep_mp_tempdirs` can remove after this process is SIGKILLed: ``laglab-mp-<pid>-<token>``, holding a
-    file ``life`` this process keeps a shared ``flock`` on (the kernel drops it however the process dies). The
-    directory appears under its name already locked (made under a hidden name, locked, then renamed), and an
-    orderly exit removes it as multiprocessing removes its own. Call it before anything asks multiprocessing for
-    its temporary directory (starting the fork server does); returns the directory, or None if multiprocessing
-    had made its own already (then it is left as it is: something may be using it)."""
+    file ``life`` this process keeps a shared ``flock`` on (the kernel drops it however the process dies; the fd is
+    close-on-exec, so no child holds it). The directory appears under its name already locked (made under a hidden
+    name, locked, then renamed), and an orderly exit removes it as multiprocessing removes its own. Call it before
+    anything asks multiprocessing for its temporary directory (starting the fork server does). Returns the
+    directory, or None where multiprocessing keeps its own way: it had made its directory already (something may
+    be using it), the socket's path would not fit under this temporary directory (a long ``TMPDIR``), or the
+    directory cannot be made or locked (a file system without ``flock``)."""
     global _mp_life
     from multiprocessing import process, util
 
@@ -100,41 +140,73 @@ def own_mp_tempdir() -> Optional[str]:
         here = os.path.basename(config["tempdir"])
         return config["tempdir"] if here.startswith(MP_PREFIX) and _mp_life is not None else None
     base = tempfile.gettempdir()
-    hidden = tempfile.mkdtemp(prefix="." + MP_PREFIX, dir=base)
-    fd = os.open(os.path.join(hidden, MP_LIFE), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_SH)
     path = os.path.join(base, f"{MP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}")
-    os.rename(hidden, path)
+    if len(os.fsencode(path)) > MP_DIR_MAX:
+        return None
+    hidden, fd = None, None
+    try:
+        hidden = tempfile.mkdtemp(prefix="." + MP_PREFIX, dir=base)
+        fd = os.open(os.path.join(hidden, MP_LIFE), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        os.rename(hidden, path)
+    except OSError:
+        if fd is not None:
+            os.close(fd)
+        if hidden is not None:
+            _remove_mp_dir(hidden)
+        return None
     _mp_life = fd
     config["tempdir"] = path
     # removed at exit after every other finalizer, as multiprocessing removes its own (exitpriority -100)
-    util.Finalize(None, shutil.rmtree, args=(path, True), exitpriority=-100)
+    util.Finalize(None, _remove_own_mp_dir, args=(path,), exitpriority=-100)
     return path
+
+
+def _old(path: str) -> bool:
+    try:
+        return time.time() - os.stat(path).st_mtime > STALE_S
+    except OSError:
+        return False
 
 
 def sweep_mp_tempdirs() -> List[str]:
     """Remove the temporary directories (:func:`own_mp_tempdir`) of laglab learners that are gone — SIGKILLed,
-    alone or with their whole process group — and so no longer hold the lock on their life file. A live
-    learner's, in this PID namespace or another sharing the temporary directory, is left alone. Returns the names
-    removed."""
+    alone or with their whole process group, or ended by a third Ctrl-C, which skips the exit's clean-up — and so
+    no longer hold the lock on their life file. A live learner's, in this PID namespace or another sharing the
+    temporary directory, is left alone. Also removes what a cut-short start or removal left (a hidden directory, or
+    one without its life file) once it is :data:`STALE_S` old. Returns the names of the learners' directories this
+    sweep removed (one that another start removed meanwhile is not counted twice)."""
     base = tempfile.gettempdir()
     try:
-        names = sorted(n for n in os.listdir(base) if n.startswith(MP_PREFIX))
+        names = sorted(os.listdir(base))
     except OSError:
         return []
     removed: List[str] = []
     for n in names:
         path = os.path.join(base, n)
+        if n.startswith("." + MP_PREFIX):  # (made, not yet named: a start that died in between, or failed)
+            if _old(path):
+                _remove_mp_dir(path)
+            continue
+        if not n.startswith(MP_PREFIX):
+            continue
+        life = os.path.join(path, MP_LIFE)
         try:
-            fd = os.open(os.path.join(path, MP_LIFE), os.O_RDWR | os.O_CLOEXEC)
+            fd = os.open(life, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if os.path.isdir(path) and _old(path):  # (a removal cut short after its life file)
+                _remove_mp_dir(path)
+            continue
         except OSError:
-            continue  # not one of ours as we make them (or another start just removed it)
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(fd).st_ino != os.stat(life).st_ino:  # (another sweep removed it meanwhile)
+                continue
         except OSError:
-            continue  # its learner holds it: alive
+            continue  # its learner holds it: alive (or it is gone already)
         else:
-            shutil.rmtree(path, ignore_errors=True)
+            _remove_mp_dir(path)
             removed.append(n)
         finally:
             os.close(fd)

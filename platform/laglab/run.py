@@ -207,8 +207,8 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
                  ", ".join(pids))
     gone = sweep_mp_tempdirs()
     if gone:
-        log.info("laglab: removed %d fork-server directory(ies) left in %s by killed runs (pid %s)", len(gone),
-                 tempfile.gettempdir(), ", ".join(sorted({n[len(MP_PREFIX):].split("-")[0] for n in gone})))
+        log.info("laglab: removed %d fork-server directory(ies) left in %s by runs that did not end in order (pid %s)",
+                 len(gone), tempfile.gettempdir(), ", ".join(sorted({n[len(MP_PREFIX):].split("-")[0] for n in gone})))
     torch.set_num_threads(cfg.runner.torch_threads)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)

@@ -56,7 +56,7 @@ What it models, each as the runners do it (see runners/driver.py, runners/proces
   ``start_wait_s``, then its first call: :func:`simulate`'s ``ray_start``; each worker draws its own wait, spread
   by ``start_wait_sd_s`` as the calibration runs' workers' waits spread: with few uniform workers those phases
   decide, for the whole run, which calls start inside an update and so get the version before, and a run's mean lag
-  is a draw of them, 0.4875-0.609 over 25 runs of 4 workers): ``start_spread_s`` is the model's time
+  is a draw of them, 0.484-0.609 over 25 runs of 4 workers): ``start_spread_s`` is the model's time
   from the first worker's first env step to the last's (a run's summary: ``startup.all_actors_stepping -
   startup.first_env_step``) and ``start_mean_s`` the workers' mean first env step after they were asked for (a
   run's ``startup_actors.first_env_step`` less ``startup.actors_started``); both NaN where the model has no start
@@ -168,7 +168,8 @@ class Costs:
                               # (its turn ends as it registers: the births of the workers after it, cores later)
     start_wait_s: float = 0.0  # runner=ray: a worker's wait after that CPU until its first call (holds no core)
     start_wait_sd_s: float = 0.0  # runner=ray: how far that wait spreads over the workers (a standard deviation):
-                                  # each worker draws its own, normal about start_wait_s and no less than 0
+                                  # each worker draws its own, normal about start_wait_s and no less than 0 (which
+                                  # keeps the median and, where the spread nears the wait, raises the mean a little)
     start_crowding_s: float = 0.0  # runner=ray: CPU added to the rest of each worker's start (past boot_cpu_s) by
                                    # each actor per core: start_cpu_s + start_crowding_s x actors / cores (a line
                                    # fitted by --calibrate over runs at two counts, as crowding_s)
@@ -549,12 +550,18 @@ SCHEDULERS = ("cores", "pool")
 
 def draws(cfg: Config, costs: Costs, latency: Optional[Latency] = None, sched: str = "cores") -> bool:
     """Whether the model's prediction depends on its seed: lognormal latencies, Ray's per-call round trips or its
-    workers' waits before their first call, or per-core queues that tasks leave by chance (shared cores, ``0 < wake_move_p < 1``)."""
+    workers' waits before their first call, or per-core queues that tasks leave by chance (shared cores,
+    ``0 < wake_move_p < 1``)."""
     if latency is not None and latency.kind == "lognormal":
         return True
-    if cfg.runner.name.value == "ray" and (costs.call_s > 0 or costs.start_wait_sd_s > 0):
+    if cfg.runner.name.value == "ray" and (costs.call_s > 0 or (costs.start_wait_sd_s > 0 and ray_starts(costs))):
         return True
     return sched == "cores" and not own_cores(cfg, costs) and 0 < costs.wake_move_p < 1
+
+
+def ray_starts(costs: Costs) -> bool:
+    """Whether the model has Ray's workers start (runner=ray with any of the start's costs)."""
+    return costs.start_cpu_s > 0 or costs.start_wait_s > 0 or costs.start_crowding_s > 0
 
 
 def own_cores(cfg: Config, costs: Costs) -> bool:
@@ -634,7 +641,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     call_times: List[Tuple[float, float]] = []  # ray: (when, how long) each call took from asking to its first env step
     board = simpy.Resource(env, capacity=1) if ray else None  # ray: the snapshot board answers one call at a time
     starting = None  # ray: the workers' start (Ray's raylet starts as many at a time as the machine has CPUs)
-    if ray and (costs.start_cpu_s > 0 or costs.start_wait_s > 0 or costs.start_crowding_s > 0):
+    if ray and ray_starts(costs):
         starting = simpy.Resource(env, capacity=int(costs.cores))
     # runner=process: each actor's free slots, and the pipe its fragments' headers travel in to the receiver
     slotted = cfg.runner.name.value == "process"
@@ -1011,7 +1018,8 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     Ray started at ``ray.init`` left out): Ray's part of its start CPU (``boot_cpu_s``), the rest of its turn among
     Ray's starting workers, which ends as it registers (``boot_wait_s``: the births of the workers ``cores`` behind
     it tell), its whole start CPU (``start_cpu_s``), and its waits from registering to taking up its actor and from
-    its actor built to its first env step (``start_wait_s``, less the call's round trip); over runs at two or more
+    its actor built to its first env step (``start_wait_s``, less the call's round trip; how far those waits
+    spread within a run, ``start_wait_sd_s``: the pooled standard deviation over the runs); over runs at two or more
     counts, the start past Ray's part as a line in actors per core (``start_crowding_s``, as ``crowding_s``). The
     run's end past its last update (summary ``wall_time_s`` against the last metrics row's ``wall_time``: the drain,
     the teardown, on Ray its shutdown) is ``finish_s``, the median over every run (it does not grow with the crowd). Runs before those moments
@@ -1193,11 +1201,15 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
             out.update({k: float(np.median([s[k] for s in starts])) for k in sorted(starts[0]) if k[0] != "_"})
             if "prestarted" in out:  # (a count: the median of two runs may fall between)
                 out["prestarted"] = float(math.floor(out["prestarted"]))
-            # how far the workers' waits spread about their run's median (pooled over the calm runs): what sets
-            # the phases of few uniform workers, and so which lag state a run falls into
-            spread = [w - float(np.median(s["_waits"])) for s in starts for w in s.get("_waits", [])]
-            if len(spread) >= 3:
-                out["start_wait_sd_s"] = float(np.std(spread, ddof=1))
+            # how far the workers' waits spread within a run (the pooled standard deviation over the calm runs:
+            # squares about each run's mean, over the workers less the runs): what sets the phases of few uniform
+            # workers, and so which lag state a run falls into. (Mostly one calm run of 5 fresh workers: an
+            # estimate good to about a third; the waits hold the first call's round trip, whose own draw the model
+            # adds again, 0.1-0.4 ms against tens of ms)
+            waits = [np.asarray(s["_waits"], float) for s in starts if len(s.get("_waits", [])) >= 2]
+            dof = sum(len(w) for w in waits) - len(waits)
+            if dof >= 2:
+                out["start_wait_sd_s"] = float(np.sqrt(sum(float(((w - w.mean()) ** 2).sum()) for w in waits) / dof))
             break
     rest_fit = crowding_fit(rests) if "boot_cpu_s" in out else None
     if rest_fit is not None:  # the rest of a start as a line in actors per core, as the actors' CPU per env step
