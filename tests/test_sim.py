@@ -1176,17 +1176,26 @@ def test_calibration_of_a_ray_run_takes_the_workers_start(tmp_path):
     assert born["start_cpu_s"] == pytest.approx(0.6) and born["boot_cpu_s"] == pytest.approx(0.3)
     assert born["boot_wait_s"] == pytest.approx(0.505 - 0.3) and born["prestarted"] == 1
     assert born["start_wait_s"] == pytest.approx(0.195 - call)
-    # and how far those waits spread (0.195, 0.135, 0.195, 0.275 about their mean 0.2: a standard deviation of
-    # sqrt(0.0099 / 3) = 0.0574)
-    assert born["start_wait_sd_s"] == pytest.approx(0.0574, abs=1e-4)
+    # and how far those waits spread (0.195, 0.135, 0.195, 0.275 about their median 0.195: distances 0, 0.06, 0,
+    # 0.08, their median 0.03, a robust standard deviation of 1.4826 x 0.03 = 0.0445)
+    assert born["start_wait_sd_s"] == pytest.approx(0.0445, abs=1e-4)
     # two calm runs, the second's workers all 0.1 s later to their first step: the spread within each run is the
-    # same, pooled about each run's own mean (sqrt(2 x 0.0099 / 6)); about one mean for both it would read 0.076
+    # same, pooled about each run's own median; about one median for both it would read 1.4826 x 0.05 = 0.074
     later = tmp_path / "later"
     shutil.copytree(d, later)
     s2 = json.loads((later / "summary.json").read_text())
     s2["startup_actors"]["first_env_step"] = {k: t + 0.1 for k, t in s2["startup_actors"]["first_env_step"].items()}
     (later / "summary.json").write_text(json.dumps(s2))
-    assert calibrate([d, later])["start_wait_sd_s"] == pytest.approx(0.0574, abs=1e-4)
+    assert calibrate([d, later])["start_wait_sd_s"] == pytest.approx(0.0445, abs=1e-4)
+    # a worker whose wait reads far off (worker 4 at -0.495 where it read 0.275: its turn was the last, and the
+    # others' births measure it badly) leaves it where it was (about the median 0.165 the distances are 0.03, 0.03,
+    # 0.03, 0.66: still 1.4826 x 0.03; a plain standard deviation would read 0.33)
+    odd = tmp_path / "odd"
+    shutil.copytree(d, odd)
+    s3 = json.loads((odd / "summary.json").read_text())
+    s3["startup_actors"]["first_env_step"]["4"] = 6.0 - 0.775 + 0.005
+    (odd / "summary.json").write_text(json.dumps(s3))
+    assert calibrate([odd])["start_wait_sd_s"] == pytest.approx(0.0445, abs=1e-4)
     # the least crowded runs with and without the moments: the older split for both
     old5 = run_dir("old5", "ray", cpus)
     s5 = json.loads((old5 / "summary.json").read_text())

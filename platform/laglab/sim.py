@@ -1019,7 +1019,7 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
     Ray's starting workers, which ends as it registers (``boot_wait_s``: the births of the workers ``cores`` behind
     it tell), its whole start CPU (``start_cpu_s``), and its waits from registering to taking up its actor and from
     its actor built to its first env step (``start_wait_s``, less the call's round trip; how far those waits
-    spread within a run, ``start_wait_sd_s``: the pooled standard deviation over the runs); over runs at two or more
+    spread within a run, ``start_wait_sd_s``: a robust standard deviation pooled over the runs); over runs at two or more
     counts, the start past Ray's part as a line in actors per core (``start_crowding_s``, as ``crowding_s``). The
     run's end past its last update (summary ``wall_time_s`` against the last metrics row's ``wall_time``: the drain,
     the teardown, on Ray its shutdown) is ``finish_s``, the median over every run (it does not grow with the crowd). Runs before those moments
@@ -1201,15 +1201,17 @@ def calibrate(run_dirs: Sequence[str | Path]) -> Dict[str, object]:
             out.update({k: float(np.median([s[k] for s in starts])) for k in sorted(starts[0]) if k[0] != "_"})
             if "prestarted" in out:  # (a count: the median of two runs may fall between)
                 out["prestarted"] = float(math.floor(out["prestarted"]))
-            # how far the workers' waits spread within a run (the pooled standard deviation over the calm runs:
-            # squares about each run's mean, over the workers less the runs): what sets the phases of few uniform
-            # workers, and so which lag state a run falls into. (Mostly one calm run of 5 fresh workers: an
-            # estimate good to about a third; the waits hold the first call's round trip, whose own draw the model
-            # adds again, 0.1-0.4 ms against tens of ms)
-            waits = [np.asarray(s["_waits"], float) for s in starts if len(s.get("_waits", [])) >= 2]
-            dof = sum(len(w) for w in waits) - len(waits)
-            if dof >= 2:
-                out["start_wait_sd_s"] = float(np.sqrt(sum(float(((w - w.mean()) ** 2).sum()) for w in waits) / dof))
+            # how far the workers' waits spread within a run: what sets the phases of few uniform workers, and so
+            # which lag state a run falls into. A robust standard deviation (1.4826 x the median distance from each
+            # run's median, pooled over the calm runs): a worker's wait is what is left of its way after a turn
+            # measured from the others' births, and the last-born worker's can read far off (-0.4 s in a slow
+            # start, where the others read 0.10 and 0.13), which would make a plain one 0.3 s. (Mostly one calm run
+            # of 5 fresh workers: an estimate good to about a half; the waits hold the first call's round trip,
+            # whose own draw the model adds again, 0.1-0.4 ms against tens of ms)
+            waits = [np.asarray(s["_waits"], float) for s in starts if len(s.get("_waits", [])) >= 3]
+            if waits:
+                far = np.concatenate([np.abs(w - np.median(w)) for w in waits])
+                out["start_wait_sd_s"] = float(1.4826 * np.median(far))
             break
     rest_fit = crowding_fit(rests) if "boot_cpu_s" in out else None
     if rest_fit is not None:  # the rest of a start as a line in actors per core, as the actors' CPU per env step
