@@ -153,7 +153,7 @@ def drawn_table(runs: pd.DataFrame, pred: str = "pred") -> pd.DataFrame:
     (about 90% coverage). ``goal, over runs``: met where the error's interval lies within the goal, missed where it
     lies outside, not shown either way where it straddles the goal's edge. ``real higher``: the runs above the
     least of all the runs and draws by more than 2%, the runs that fell into a higher lag state."""
-    from analysis import stats
+    from . import stats
 
     col = f"{pred}_lag_draws"
     rows = []
