@@ -454,6 +454,13 @@ def main() -> int:
             what_if = {k: float(v) for k, v in (c.split("=", 1) for c in a.cost)}
         except ValueError:
             ap.error(f"--cost takes NAME=SECONDS, got {' '.join(a.cost)}")
+        from dataclasses import fields
+
+        from laglab.sim import Costs
+        known = {f.name for f in fields(Costs)}
+        unknown = sorted(set(what_if) - known)
+        if unknown:
+            ap.error(f"--cost: no such cost {', '.join(unknown)}; the costs: {', '.join(sorted(known))}")
         if what_if and a.write:
             ap.error("--cost is a what-if: it is not written into the report (leave out --write)")
         if a.set and a.write:

@@ -419,6 +419,7 @@ def test_a_signal_stops_a_ray_run_with_a_local_instance_at_a_safe_point(tmp_path
                 break
             time.sleep(0.05)
         kids = _descendants(p.pid)  # the GCS, the raylet, its agents and workers
+        roots = {m.group(1) for k in kids for m in [re.search(rb"--session-dir=(\S+?)/session_", _cmdline(k))] if m}
         (os.killpg if to.startswith("group") else os.kill)(p.pid, sig)
         _, err = p.communicate(timeout=120)
     finally:
@@ -432,6 +433,105 @@ def test_a_signal_stops_a_ray_run_with_a_local_instance_at_a_safe_point(tmp_path
     else:  # stopped before the runner's books began: nothing was produced
         assert "starts" in to and s["env_steps"] == 0
     assert p.returncode == 130 and not _wait_gone(kids, 30)
+    # Ray's session was in the run's own root (not /tmp/ray, where Ray keeps one per run for good), now gone
+    assert roots and all(os.path.basename(r).startswith(f"laglab-ray-{p.pid}-".encode()) for r in roots), roots
+    assert not _ray_roots(p.pid) and not any(os.path.exists(r) for r in roots)
+
+
+def _ray_roots(pid):
+    """The roots of the local Ray instances laglab's learner ``pid`` started (runners.ray._own_root)."""
+    from laglab.lifetime import RAY_PREFIX
+    return sorted(n for n in os.listdir(tempfile.gettempdir()) if n.startswith(f"{RAY_PREFIX}{pid}-"))
+
+
+def test_a_killed_ray_runs_instance_is_stopped_and_removed_by_the_next_start(tmp_path):
+    """`kill -9 -- -<pgid>` of a runner=ray run with its own local instance: the GCS and raylet die with the
+    learner (the kernel's parent-death signal), but the raylet's agents outlive it by a minute (they wait on the
+    dead GCS to report the raylet's death before they exit), and the instance's session directory stays. The next
+    start (its sweep) stops the agents and removes the directory."""
+    pytest.importorskip("ray")
+    from laglab.lifetime import RAY_PREFIX, sweep_dirs
+    p = _start(tmp_path, "total_env_steps=50000000", runner="ray", actors=2, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not ((tmp_path / "metrics.parquet").exists()
+                   and sum(b"RolloutWorker" in _cmdline(k) for k in _descendants(p.pid)) >= 2):
+            assert p.poll() is None, p.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the run did not start"
+            time.sleep(0.05)
+        kids = _descendants(p.pid)
+        roots = _ray_roots(p.pid)
+        assert len(roots) == 1 and any(b"DashboardAgent" in _cmdline(k) for k in kids)
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+    finally:
+        _kill_if_running(p)
+    assert os.path.isdir(os.path.join(tempfile.gettempdir(), roots[0]))  # left behind ...
+    assert roots[0] in sweep_dirs(RAY_PREFIX) and not _ray_roots(p.pid)  # ... for the next start, which takes it
+    assert not _wait_gone(kids, 10)  # and what still ran of the instance
+
+
+def test_a_failed_ray_run_keeps_its_ray_logs_and_nothing_else(tmp_path, monkeypatch):
+    """A runner=ray run that fails with its own local instance: Ray's logs (its processes' and each worker's
+    output) are copied to the run dir before the instance's root is removed."""
+    ray = pytest.importorskip("ray")
+    from laglab.run import run
+    from laglab.runners import ray as R
+    if ray.is_initialized():  # (the tests' shared instance: this run starts its own)
+        ray.shutdown()
+
+    def fails(self):
+        raise RuntimeError("the learner broke")
+
+    monkeypatch.setattr(R._Runner, "run", fails)
+    released = []
+    monkeypatch.setattr(R, "release_dir", lambda root, real=R.release_dir: (
+        released.append((root, sorted(os.listdir(root)))), real(root)))
+    with pytest.raises(RuntimeError, match="the learner broke"):
+        run(pcfg(runner={"name": "ray"}, actors=1, total_env_steps=2048), tmp_path)
+    assert not ray.is_initialized()
+    [(root, held)] = released
+    assert os.path.basename(root).startswith(f"laglab-ray-{os.getpid()}-") and "session_latest" in held
+    assert not os.path.exists(root) and not _ray_roots(os.getpid())
+    logs = tmp_path / "ray_logs"
+    assert (logs / "raylet.out").stat().st_size > 0 and (logs / "gcs_server.out").exists()
+
+
+def test_a_life_file_is_claimed_only_once_its_owner_is_gone(tmp_path, monkeypatch):
+    """:func:`lifetime.claim_if_dead`, which judges /dev/shm's runs and the temporary directories: a live
+    owner's shared lock keeps it; a dead owner's is claimed, once; a file replaced between the open and the lock
+    (another sweep removed it, something new took the name) is not; a missing one is not."""
+    import fcntl
+
+    from laglab import lifetime
+    life = tmp_path / "life"
+    life.touch()
+    owner = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; "
+                              "fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_SH); "
+                              "print(1, flush=True); time.sleep(600)", str(life)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        owner.stdout.readline()
+        assert lifetime.claim_if_dead(str(life)) is None  # alive
+    finally:
+        owner.kill()
+        owner.wait()
+    fd = lifetime.claim_if_dead(str(life))
+    assert fd is not None
+    try:
+        assert lifetime.claim_if_dead(str(life)) is None  # (exclusive: a second claimant is refused)
+    finally:
+        os.close(fd)
+
+    def replaced_meanwhile(fd, how, real=fcntl.flock):
+        life.unlink()
+        life.touch()
+        real(fd, how)
+
+    monkeypatch.setattr(lifetime.fcntl, "flock", replaced_meanwhile)
+    assert lifetime.claim_if_dead(str(life)) is None
+    monkeypatch.undo()
+    assert lifetime.claim_if_dead(str(tmp_path / "none")) is None
 
 
 _AFTER_RAY = """
@@ -688,3 +788,18 @@ def test_ctrl_c_while_actors_start_prints_no_traceback(tmp_path, start_method):
     err = err.decode(errors="replace")
     assert "KeyboardInterrupt" not in err and "Traceback" not in err, err[-3000:]
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "interrupted"
+
+
+def test_ray_keeps_its_own_way_where_the_user_chose_its_directory(monkeypatch):
+    """RAY_TMPDIR names where Ray keeps its sessions: a run then leaves Ray's directory to Ray."""
+    pytest.importorskip("ray")
+    from laglab.runners import ray as R
+    monkeypatch.setenv("RAY_TMPDIR", "/var/tmp/mine")
+    assert R._own_root() is None
+    monkeypatch.delenv("RAY_TMPDIR")
+    root = R._own_root()
+    try:
+        assert root is not None and os.path.basename(root).startswith(f"laglab-ray-{os.getpid()}-")
+    finally:
+        R._leave_root(root)
+    assert not os.path.exists(root)

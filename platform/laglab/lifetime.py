@@ -18,7 +18,11 @@ that a dead run could leave behind.
 - **The fork server's socket.** multiprocessing puts it in a temporary directory (``pymp-*`` in /tmp) that only an
   orderly exit removes; a SIGKILLed learner left one behind per run. The learner's is a directory of ours instead
   (:func:`own_mp_tempdir`: ``laglab-mp-<pid>-<token>``, with a life file the learner holds a lock on), which every
-  start removes once its learner is gone (:func:`sweep_mp_tempdirs`), however it died.
+  start removes once its learner is gone (:func:`sweep_dirs`), however it died.
+- **A local Ray instance's session.** Ray keeps each instance's session directory (logs, sockets) under
+  ``/tmp/ray`` for good, one more every ``runner=ray`` run. A local instance a run starts has a root of ours
+  (``laglab-ray-<pid>-<token>``, :func:`own_dir` likewise), removed when the run ends (a failed run's Ray logs are
+  copied to its run dir first) or by the next start.
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ import signal
 import tempfile
 import time
 from multiprocessing.connection import wait as wait_conns
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 PR_SET_PDEATHSIG = 1
 # the signals that stop a run at its next safe point (summary "interrupted"): Ctrl-C, SIGTERM, and SIGHUP -- the
@@ -81,22 +85,46 @@ def forget_fork_server() -> None:
 
 
 MP_PREFIX = "laglab-mp-"  # multiprocessing's temporary directory of a laglab learner, in tempfile.gettempdir()
-MP_LIFE = "life"  # the file in it whose shared lock the learner holds for its whole life
+RAY_PREFIX = "laglab-ray-"  # the root of a laglab learner's local Ray instance (its session directory), likewise
+LIFE = "life"  # the file in such a directory whose shared lock its learner holds for its whole life
+MP_LIFE = LIFE
 # the longest directory the fork server's socket fits in: a socket's path is at most 107 bytes (sun_path), and
 # multiprocessing names it "listener-" and 8 random characters
 MP_DIR_MAX = 107 - len("/listener-") - 8
+# the longest root Ray's sockets fit under: Ray names its session "session_<date>_<time>_<microseconds>_<pid>" (at
+# most 42 characters) and its sockets "sockets/plasma_store" and "sockets/raylet" (".1" and on where one exists)
+RAY_DIR_MAX = 107 - len("/session_2026-12-07_16-11-37_397366_4194304") - len("/sockets/plasma_store.1") - 2
 STALE_S = 60.0  # a directory of ours left half made or half removed is swept once this old (nobody is at it then)
-_mp_life: Optional[int] = None  # that lock's fd (this process's, once it owns its directory)
+_lives: Dict[str, int] = {}  # this process's directories of ours -> the fd of its lock on their life file
 
 
-def _remove_mp_dir(path: str) -> None:
+def claim_if_dead(life: str) -> Optional[int]:
+    """An exclusive lock on a life file that nobody holds any more (its owner is gone, however it died, in this
+    PID namespace or another sharing the file system): the open fd, to close once what the file vouched for is
+    removed. None while its owner lives, where the file cannot be opened (gone, another user's), or where it was
+    replaced meanwhile (another sweep claimed and removed it: the lock taken is not on the file of that name)."""
+    try:
+        fd = os.open(life, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.fstat(fd).st_ino != os.stat(life).st_ino:
+            raise FileNotFoundError(life)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _remove_dir(path: str) -> None:
     """Remove one of our directories, its life file last (a removal cut short leaves a directory the sweep still
     recognises as ours and judges by its lock), then the directory; whatever fails is left to a later sweep."""
     try:
         names = os.listdir(path)
     except OSError:
         return
-    for n in sorted(names, key=lambda n: n == MP_LIFE):
+    for n in sorted(names, key=lambda n: n == LIFE):
         p = os.path.join(path, n)
         try:
             if os.path.isdir(p) and not os.path.islink(p):
@@ -111,54 +139,74 @@ def _remove_mp_dir(path: str) -> None:
         pass
 
 
-def _remove_own_mp_dir(path: str) -> None:
-    """At an orderly exit (multiprocessing's finalizers, after every other one): as multiprocessing does with its
-    own, remove the directory and forget it, so nothing later asks for a directory that is gone."""
-    from multiprocessing import process
 
-    _remove_mp_dir(path)
-    config = process.current_process()._config
-    if config.get("tempdir") == path:
-        config["tempdir"] = None
-
-
-def own_mp_tempdir() -> Optional[str]:
-    """Make multiprocessing's temporary directory for this process (the fork server's socket goes there) one that
-    :func:`sweep_mp_tempdirs` can remove after this process is SIGKILLed: ``laglab-mp-<pid>-<token>``, holding a
-    file ``life`` this process keeps a shared ``flock`` on (the kernel drops it however the process dies; the fd is
-    close-on-exec, so no child holds it). The directory appears under its name already locked (made under a hidden
-    name, locked, then renamed), and an orderly exit removes it as multiprocessing removes its own. Call it before
-    anything asks multiprocessing for its temporary directory (starting the fork server does). Returns the
-    directory, or None where multiprocessing keeps its own way: it had made its directory already (something may
-    be using it), the socket's path would not fit under this temporary directory (a long ``TMPDIR``), or the
-    directory cannot be made or locked (a file system without ``flock``)."""
-    global _mp_life
-    from multiprocessing import process, util
-
-    config = process.current_process()._config
-    if config.get("tempdir") is not None:
-        here = os.path.basename(config["tempdir"])
-        return config["tempdir"] if here.startswith(MP_PREFIX) and _mp_life is not None else None
+def own_dir(prefix: str, max_len: int) -> Optional[str]:
+    """A directory ``<prefix><pid>-<token>`` in the temporary directory that this process owns for its life: it
+    holds a file ``life`` this process keeps a shared ``flock`` on (the kernel drops it however the process dies;
+    the fd is close-on-exec, so no child holds it), so :func:`sweep_dirs` removes it once the process is gone,
+    SIGKILLed or not. It appears under its name already locked (made under a hidden name, locked, then renamed).
+    :func:`release_dir` removes it. None where its path would be longer than ``max_len`` bytes (a long ``TMPDIR``)
+    or it cannot be made or locked (a file system without ``flock``)."""
     base = tempfile.gettempdir()
-    path = os.path.join(base, f"{MP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}")
-    if len(os.fsencode(path)) > MP_DIR_MAX:
+    path = os.path.join(base, f"{prefix}{os.getpid()}-{secrets.token_hex(4)}")
+    if len(os.fsencode(path)) > max_len:
         return None
     hidden, fd = None, None
     try:
-        hidden = tempfile.mkdtemp(prefix="." + MP_PREFIX, dir=base)
-        fd = os.open(os.path.join(hidden, MP_LIFE), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        hidden = tempfile.mkdtemp(prefix="." + prefix, dir=base)
+        fd = os.open(os.path.join(hidden, LIFE), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         fcntl.flock(fd, fcntl.LOCK_SH)
         os.rename(hidden, path)
     except OSError:
         if fd is not None:
             os.close(fd)
         if hidden is not None:
-            _remove_mp_dir(hidden)
+            _remove_dir(hidden)
         return None
-    _mp_life = fd
+    _lives[path] = fd
+    return path
+
+
+def release_dir(path: Optional[str]) -> None:
+    """Remove a directory of :func:`own_dir`'s and let go of its lock (a no-op for None or one released)."""
+    fd = _lives.pop(path, None) if path is not None else None
+    if fd is None:
+        return
+    _remove_dir(path)
+    os.close(fd)
+
+
+def _release_mp_dir(path: str) -> None:
+    """At an orderly exit (multiprocessing's finalizers, after every other one): as multiprocessing does with its
+    own, remove the directory and forget it, so nothing later asks for a directory that is gone."""
+    from multiprocessing import process
+
+    release_dir(path)
+    config = process.current_process()._config
+    if config.get("tempdir") == path:
+        config["tempdir"] = None
+
+
+def own_mp_tempdir() -> Optional[str]:
+    """Make multiprocessing's temporary directory for this process (the fork server's socket goes there) one of
+    :func:`own_dir`'s, ``laglab-mp-<pid>-<token>``, which :func:`sweep_dirs` can remove after this process is
+    SIGKILLed; an orderly exit removes it as multiprocessing removes its own. Call it before anything asks
+    multiprocessing for its temporary directory (starting the fork server does). Returns the directory, or None
+    where multiprocessing keeps its own way: it had made its directory already (something may be using it), the
+    socket's path would not fit under this temporary directory (a long ``TMPDIR``), or the directory cannot be
+    made or locked (a file system without ``flock``)."""
+    from multiprocessing import process, util
+
+    config = process.current_process()._config
+    if config.get("tempdir") is not None:
+        here = config["tempdir"]
+        return here if os.path.basename(here).startswith(MP_PREFIX) and here in _lives else None
+    path = own_dir(MP_PREFIX, MP_DIR_MAX)
+    if path is None:
+        return None
     config["tempdir"] = path
     # removed at exit after every other finalizer, as multiprocessing removes its own (exitpriority -100)
-    util.Finalize(None, _remove_own_mp_dir, args=(path,), exitpriority=-100)
+    util.Finalize(None, _release_mp_dir, args=(path,), exitpriority=-100)
     return path
 
 
@@ -169,13 +217,50 @@ def _old(path: str) -> bool:
         return False
 
 
-def sweep_mp_tempdirs() -> List[str]:
-    """Remove the temporary directories (:func:`own_mp_tempdir`) of laglab learners that are gone — SIGKILLed,
-    alone or with their whole process group, or ended by a third Ctrl-C, which skips the exit's clean-up — and so
-    no longer hold the lock on their life file. A live learner's, in this PID namespace or another sharing the
-    temporary directory, is left alone. Also removes what a cut-short start or removal left (a hidden directory, or
-    one without its life file) once it is :data:`STALE_S` old. Returns the names of the learners' directories this
-    sweep removed (one that another start removed meanwhile is not counted twice)."""
+def holders(path: str) -> List[int]:
+    """The processes of this user (other than this one) with a file open, or their working directory, in
+    ``path`` (Linux ``/proc``; elsewhere none)."""
+    inside = os.path.join(os.path.realpath(path), "")
+    found = []
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+    except OSError:
+        return []
+    for pid in pids:
+        try:
+            links = [os.path.join("/proc", str(pid), "cwd")]
+            links += [os.path.join("/proc", str(pid), "fd", f) for f in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:  # (gone, or not ours to look at)
+            continue
+        for link in links:
+            try:
+                target = os.readlink(link)
+            except OSError:
+                continue
+            if os.path.join(target, "").startswith(inside):
+                found.append(pid)
+                break
+    return found
+
+
+def _stop_holders(path: str) -> None:
+    """SIGKILL what still runs of a dead learner's local Ray instance (:data:`RAY_PREFIX`): the raylet's agents
+    outlive a SIGKILLed raylet by a minute, waiting on a GCS that is gone before they exit."""
+    for pid in holders(path):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def sweep_dirs(prefix: str) -> List[str]:
+    """Remove the directories of :func:`own_dir`'s with this prefix whose owners are gone — SIGKILLed, alone or
+    with their whole process group, or ended by a third Ctrl-C, which skips the exit's clean-up — and so no longer
+    hold the lock on their life file. A live owner's, in this PID namespace or another sharing the temporary
+    directory, is left alone; what still runs of a dead learner's local Ray instance is stopped first. Also removes
+    what a cut-short start or removal left (a hidden directory, or one without its life file) once it is
+    :data:`STALE_S` old. Returns the names of the owners' directories this sweep removed (one that another start
+    removed meanwhile is not counted twice)."""
     base = tempfile.gettempdir()
     try:
         names = sorted(os.listdir(base))
@@ -184,33 +269,33 @@ def sweep_mp_tempdirs() -> List[str]:
     removed: List[str] = []
     for n in names:
         path = os.path.join(base, n)
-        if n.startswith("." + MP_PREFIX):  # (made, not yet named: a start that died in between, or failed)
+        if n.startswith("." + prefix):  # (made, not yet named: a start that died in between, or failed)
             if _old(path):
-                _remove_mp_dir(path)
+                _remove_dir(path)
             continue
-        if not n.startswith(MP_PREFIX):
+        if not n.startswith(prefix):
             continue
-        life = os.path.join(path, MP_LIFE)
-        try:
-            fd = os.open(life, os.O_RDWR | os.O_CLOEXEC)
-        except FileNotFoundError:
+        life = os.path.join(path, LIFE)
+        if not os.path.lexists(life):
             if os.path.isdir(path) and _old(path):  # (a removal cut short after its life file)
-                _remove_mp_dir(path)
+                _remove_dir(path)
             continue
-        except OSError:
-            continue
+        fd = claim_if_dead(life)
+        if fd is None:
+            continue  # its owner holds it: alive (or another sweep has taken it)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.fstat(fd).st_ino != os.stat(life).st_ino:  # (another sweep removed it meanwhile)
-                continue
-        except OSError:
-            continue  # its learner holds it: alive (or it is gone already)
-        else:
-            _remove_mp_dir(path)
+            if prefix == RAY_PREFIX:
+                _stop_holders(path)
+            _remove_dir(path)
             removed.append(n)
         finally:
             os.close(fd)
     return removed
+
+
+def sweep_mp_tempdirs() -> List[str]:
+    """:func:`sweep_dirs` of the learners' multiprocessing directories (:func:`own_mp_tempdir`)."""
+    return sweep_dirs(MP_PREFIX)
 
 
 class Lifeline:

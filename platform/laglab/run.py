@@ -17,7 +17,7 @@ from .config import Config, ConfigError, usable_cpus
 from .accounting import Budget
 from .checks import check_resume, env_spec, prestart, resume_checkpoint  # noqa: F401 - check_resume, env_spec: API
 from .learner import INCARNATION_MARK, Learner
-from .lifetime import MP_PREFIX, sweep_mp_tempdirs
+from .lifetime import MP_PREFIX, RAY_PREFIX, sweep_dirs
 from .shm import sweep_stale
 from . import runners, timeline
 from .console import footer
@@ -205,10 +205,12 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
         pids = sorted({n.split("-")[1] for n in stale})
         log.info("laglab: removed %d shared-memory segment(s) left in /dev/shm by killed runs (pid %s)", len(stale),
                  ", ".join(pids))
-    gone = sweep_mp_tempdirs()
-    if gone:
-        log.info("laglab: removed %d fork-server directory(ies) left in %s by runs that did not end in order (pid %s)",
-                 len(gone), tempfile.gettempdir(), ", ".join(sorted({n[len(MP_PREFIX):].split("-")[0] for n in gone})))
+    for prefix, what in ((MP_PREFIX, "fork-server"), (RAY_PREFIX, "local Ray instance")):
+        gone = sweep_dirs(prefix)
+        if gone:
+            log.info("laglab: removed %d %s directory(ies) left in %s by runs that did not end in order (pid %s)",
+                     len(gone), what, tempfile.gettempdir(),
+                     ", ".join(sorted({n[len(prefix):].split("-")[0] for n in gone})))
     torch.set_num_threads(cfg.runner.torch_threads)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)

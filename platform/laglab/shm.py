@@ -27,7 +27,7 @@ from .actor import ActorStats
 from .chaos import COUNTED
 from .envs import EnvSpec
 from .fragment import Fragment, FragmentId
-from .lifetime import start_resource_tracker
+from .lifetime import claim_if_dead, start_resource_tracker
 
 PREFIX = "laglab-"
 
@@ -119,15 +119,9 @@ def sweep_stale() -> List[str]:
         life = f"{PREFIX}{key}-life"
         if life not in names:
             continue  # no proof either way (a run from before life files): not ours to judge
-        try:
-            fd = os.open(os.path.join(SHM_DIR, life), os.O_RDWR | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            continue  # its learner holds it: alive
+        fd = claim_if_dead(os.path.join(SHM_DIR, life))
+        if fd is None:
+            continue  # its learner holds it: alive (or another start has just taken it)
         try:
             for n in sorted(names, key=lambda n: n == life):  # the life file last
                 try:

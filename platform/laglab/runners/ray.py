@@ -25,6 +25,7 @@ import contextlib
 import logging
 import math
 import os
+import shutil
 import signal
 import threading
 import time
@@ -41,7 +42,7 @@ from ..envs import EnvSpec
 from ..fragment import FragmentId
 from ..inference import SnapshotCodec
 from ..learner import Learner
-from ..lifetime import STOP_SIGNALS
+from ..lifetime import RAY_PREFIX, RAY_DIR_MAX, STOP_SIGNALS, own_dir, release_dir
 from ..policy import Snapshot
 from ..tracking import Tracker
 from ..transport import FragmentQueue
@@ -116,10 +117,14 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
     import ray
 
     own = not ray.is_initialized()
+    root = None  # a local instance's root directory (its session's), ours to remove
     if own:  # a new local Ray instance, or the cluster at runner.address ("auto", "ray://host:10001", ...)
         kw: Dict[str, Any] = {}
         if cfg.runner.address is None:  # room for every actor (processes share the cores, as with runner=process)
             kw["num_cpus"] = max(os.cpu_count() or 1, math.ceil(cfg.actors * cfg.runner.cpus_per_actor))
+            root = _own_root()
+            if root is not None:
+                kw["_temp_dir"] = root
         from ..console import to_log_file
 
         log.info("laglab: starting Ray (%d actors)...", cfg.actors)
@@ -132,21 +137,61 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
             _restore(handlers)
             ray.shutdown()
             _restore(handlers)
+            release_dir(root)
             term = handlers.get(signal.SIGTERM)
             if e.code != signal.SIGTERM or not callable(term):
                 raise
             term(signal.SIGTERM, None)  # the run's handler gets the signal Ray took: a stop request, counted
             raise KeyboardInterrupt("stopped while Ray was starting") from None
+        except BaseException as e:
+            ray.shutdown()
+            _restore(handlers)
+            _leave_root(root, None if isinstance(e, KeyboardInterrupt) else run_dir)  # (Ray's logs say why it failed)
+            raise
         _restore(handlers)
     elif cfg.runner.address is not None:
         log.warning("laglab: Ray is already initialized in this process; runner.address=%s is not used",
                     cfg.runner.address)
+    failed = True
     try:
-        return _Runner(cfg, learner, tracker, spec, budget, run_dir).run()
+        out = _Runner(cfg, learner, tracker, spec, budget, run_dir).run()
+        failed = False
+        return out
+    except KeyboardInterrupt:
+        failed = False
+        raise
     finally:
         if own:
             ray.shutdown()
             _restore(handlers)  # (shutting Ray down sets SIGTERM's action to the default behind Python's back)
+            _leave_root(root, run_dir if failed else None)
+
+
+def _own_root() -> Optional[str]:
+    """The root directory for a local Ray instance this run starts: Ray keeps each instance's session (its logs,
+    sockets, spilled objects; 0.4-0.6 MB a run) under ``/tmp/ray`` for good, one more every run. Ours is a
+    directory of :func:`laglab.lifetime.own_dir`'s (``laglab-ray-<pid>-<token>``): removed when the run ends, and
+    by the next start if the learner was killed. None (Ray's own way) where the user chose Ray's directory
+    (``RAY_TMPDIR``) or ours cannot be made (a ``TMPDIR`` too long for Ray's sockets, no ``flock``)."""
+    if os.environ.get("RAY_TMPDIR"):
+        return None
+    return own_dir(RAY_PREFIX, RAY_DIR_MAX)
+
+
+def _leave_root(root: Optional[str], keep_logs_in=None) -> None:
+    """After ``ray.shutdown()``: remove the instance's root; first, if ``keep_logs_in`` (a run that failed), copy
+    its session's logs (Ray's processes' and each worker's output) to ``<run dir>/ray_logs``."""
+    if root is None:
+        return
+    if keep_logs_in is not None:
+        logs = os.path.join(root, "session_latest", "logs")
+        dest = os.path.join(str(keep_logs_in), "ray_logs")
+        try:
+            shutil.copytree(logs, dest, symlinks=True, ignore_dangling_symlinks=True, dirs_exist_ok=True)
+            log.warning("laglab: Ray's logs of this run are in %s", dest)
+        except (OSError, shutil.Error) as e:
+            log.warning("laglab: Ray's logs of this run could not be kept (%s)", e)
+    release_dir(root)
 
 
 @contextlib.contextmanager
