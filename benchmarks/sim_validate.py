@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -452,6 +453,8 @@ def main() -> int:
     if a.repredict:
         try:
             what_if = {k: float(v) for k, v in (c.split("=", 1) for c in a.cost)}
+            if not all(math.isfinite(v) for v in what_if.values()):
+                raise ValueError("not finite")
         except ValueError:
             ap.error(f"--cost takes NAME=SECONDS, got {' '.join(a.cost)}")
         from dataclasses import fields

@@ -444,14 +444,20 @@ def _ray_roots(pid):
     return sorted(n for n in os.listdir(tempfile.gettempdir()) if n.startswith(f"{RAY_PREFIX}{pid}-"))
 
 
-def test_a_killed_ray_runs_instance_is_stopped_and_removed_by_the_next_start(tmp_path):
+def test_a_killed_ray_runs_instance_is_stopped_and_removed_by_the_next_start(tmp_path, monkeypatch):
     """`kill -9 -- -<pgid>` of a runner=ray run with its own local instance: the GCS and raylet die with the
     learner (the kernel's parent-death signal), but the raylet's agents outlive it by a minute (they wait on the
     dead GCS to report the raylet's death before they exit), and the instance's session directory stays. The next
-    start (its sweep) stops the agents and removes the directory."""
+    start (its sweep) stops the agents, keeps the run's Ray logs in its run dir and removes the directory."""
     pytest.importorskip("ray")
+    import shutil
+
     from laglab.lifetime import RAY_PREFIX, sweep_dirs
-    p = _start(tmp_path, "total_env_steps=50000000", runner="ray", actors=2, start_new_session=True)
+    short = tempfile.mkdtemp(prefix="l", dir="/tmp")  # (a temporary directory of its own, short enough for Ray:
+    # no other start's sweep can take the dead run's directory first)
+    monkeypatch.setattr(tempfile, "tempdir", short)
+    p = _start(tmp_path, "total_env_steps=50000000", runner="ray", actors=2, start_new_session=True,
+               env={**os.environ, "TMPDIR": short})
     try:
         deadline = time.monotonic() + 180
         while not ((tmp_path / "metrics.parquet").exists()
@@ -466,9 +472,14 @@ def test_a_killed_ray_runs_instance_is_stopped_and_removed_by_the_next_start(tmp
         p.communicate()
     finally:
         _kill_if_running(p)
-    assert os.path.isdir(os.path.join(tempfile.gettempdir(), roots[0]))  # left behind ...
-    assert roots[0] in sweep_dirs(RAY_PREFIX) and not _ray_roots(p.pid)  # ... for the next start, which takes it
-    assert not _wait_gone(kids, 10)  # and what still ran of the instance
+    try:
+        assert os.path.isdir(os.path.join(short, roots[0]))  # left behind ...
+        assert roots[0] in sweep_dirs(RAY_PREFIX) and not _ray_roots(p.pid)  # ... for the next start, which takes it
+        assert not _wait_gone(kids, 10)  # and what still ran of the instance
+        [kept] = (tmp_path / "ray_logs").glob("session_*/raylet.out")  # (the killed run's Ray logs: in its run dir)
+        assert kept.stat().st_size > 0
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
 
 
 def test_a_failed_ray_run_keeps_its_ray_logs_and_nothing_else(tmp_path, monkeypatch):
@@ -493,8 +504,27 @@ def test_a_failed_ray_run_keeps_its_ray_logs_and_nothing_else(tmp_path, monkeypa
     [(root, held)] = released
     assert os.path.basename(root).startswith(f"laglab-ray-{os.getpid()}-") and "session_latest" in held
     assert not os.path.exists(root) and not _ray_roots(os.getpid())
-    logs = tmp_path / "ray_logs"
-    assert (logs / "raylet.out").stat().st_size > 0 and (logs / "gcs_server.out").exists()
+    [logs] = (tmp_path / "ray_logs").iterdir()  # (one session's)
+    assert logs.name.startswith("session_") and (logs / "raylet.out").stat().st_size > 0
+    assert (logs / "gcs_server.out").exists() and not list(logs.glob("python-core-*"))
+
+
+def test_under_a_long_tmpdir_a_ray_run_keeps_its_session_in_tmp(tmp_path):
+    """A TMPDIR too long for Ray's sockets (pytest's, 50-odd bytes: Ray's own layout broke the run with an OSError
+    traceback): the run's Ray directory goes in /tmp, the log says so, and it goes with the run."""
+    pytest.importorskip("ray")
+    base = tmp_path / "t"
+    base.mkdir()
+    p = subprocess.Popen([sys.executable, "train.py", "runner=ray", "actors=1", "total_env_steps=2048",
+                          "tracking.wandb.mode=disabled", f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "TMPDIR": str(base)})
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    said = re.search(r"Ray keeps this run's session in (/tmp/laglab-ray-\d+-\w+): the temporary directory",
+                     (tmp_path / "run" / "train.log").read_text())
+    assert said and os.path.basename(said.group(1)).startswith(f"laglab-ray-{p.pid}-")
+    assert not os.path.exists(said.group(1)) and not (base / "ray").exists()
 
 
 def test_a_life_file_is_claimed_only_once_its_owner_is_gone(tmp_path, monkeypatch):
@@ -791,15 +821,81 @@ def test_ctrl_c_while_actors_start_prints_no_traceback(tmp_path, start_method):
 
 
 def test_ray_keeps_its_own_way_where_the_user_chose_its_directory(monkeypatch):
-    """RAY_TMPDIR names where Ray keeps its sessions: a run then leaves Ray's directory to Ray."""
+    """RAY_TMPDIR names where Ray keeps its sessions (even empty, as Ray reads it): a run then leaves Ray's
+    directory to Ray."""
     pytest.importorskip("ray")
     from laglab.runners import ray as R
     monkeypatch.setenv("RAY_TMPDIR", "/var/tmp/mine")
-    assert R._own_root() is None
+    assert R._own_root() == (None, False)  # (nor is the session Ray makes there removed)
+    monkeypatch.setenv("RAY_TMPDIR", "")  # (set, if empty: Ray's choice all the same)
+    assert R._own_root() == (None, False)
     monkeypatch.delenv("RAY_TMPDIR")
-    root = R._own_root()
+    monkeypatch.setattr(tempfile, "tempdir", "/tmp")
+    root, theirs = R._own_root()
     try:
+        assert not theirs
         assert root is not None and os.path.basename(root).startswith(f"laglab-ray-{os.getpid()}-")
     finally:
-        R._leave_root(root)
+        R._leave({"root": root, "session": None})
     assert not os.path.exists(root)
+
+
+def test_a_sweep_stops_only_the_dead_instances_ray_processes_and_follows_no_symlink(tmp_path, monkeypatch):
+    """What a sweep of a dead learner's Ray directory stops: a process Ray named (ray::...) holding a file in it.
+    Not a shell or sleep whose working directory is there, not a `tail` of its logs, not another start holding its
+    life file open. A symlink named like one of ours, to a directory with a life file nobody locks, is left alone
+    with all it points to (for both kinds of directories)."""
+    from laglab import lifetime
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    root = tmp_path / f"{lifetime.RAY_PREFIX}4242-deadbeef"
+    (root / "session_x" / "logs").mkdir(parents=True)
+    (root / lifetime.LIFE).touch()
+    log_file = root / "session_x" / "logs" / "raylet.out"
+    log_file.write_text("x\n")
+    procs = {
+        "ray": subprocess.Popen(["bash", "-c", f"exec -a ray::DashboardAgent sleep 600 3<{log_file}"]),
+        "cwd": subprocess.Popen(["sleep", "600"], cwd=root / "session_x"),
+        "tail": subprocess.Popen(["tail", "-f", str(log_file)], stdout=subprocess.DEVNULL),
+        "life": subprocess.Popen([sys.executable, "-c", "import sys, time; f = open(sys.argv[1]); time.sleep(600)",
+                                  str(root / lifetime.LIFE)]),
+    }
+    victim = tmp_path / "victim"
+    (victim / "sub").mkdir(parents=True)
+    (victim / lifetime.LIFE).touch()
+    (victim / "sub" / "keep").touch()
+    for prefix in (lifetime.RAY_PREFIX, lifetime.MP_PREFIX):
+        (tmp_path / f"{prefix}1-cafecafe").symlink_to(victim)
+    try:
+        deadline = time.monotonic() + 10
+        while not (_cmdline(procs["ray"].pid).startswith(b"ray::") and any(
+                os.readlink(f"/proc/{procs['life'].pid}/fd/{f}") == str(root / lifetime.LIFE)
+                for f in os.listdir(f"/proc/{procs['life'].pid}/fd"))):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert lifetime.sweep_dirs(lifetime.RAY_PREFIX) == [root.name] and not root.exists()
+        assert lifetime.sweep_dirs(lifetime.MP_PREFIX) == []
+        assert procs["ray"].wait(timeout=10) == -signal.SIGKILL
+        assert all(p.poll() is None for k, p in procs.items() if k != "ray")  # the others live on
+        assert (victim / "sub" / "keep").exists() and (victim / lifetime.LIFE).exists()
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
+
+
+def test_a_ray_run_whose_sockets_fit_nowhere_is_refused_with_what_to_set(tmp_path, monkeypatch):
+    """Where laglab's directory cannot be made and Ray's own ($TMPDIR/ray) is too long for its socket paths, the
+    run is refused with what to set (it was an OSError traceback from inside ray.init)."""
+    ray = pytest.importorskip("ray")
+    from laglab.config import ConfigError
+    from laglab.run import run
+    from laglab.runners import ray as R
+    if ray.is_initialized():  # (the tests' shared instance: this run starts its own)
+        ray.shutdown()
+    long = tmp_path / ("x" * 60)
+    long.mkdir()
+    monkeypatch.setenv("TMPDIR", str(long))
+    monkeypatch.setattr(R, "_own_root", lambda: (None, True))
+    with pytest.raises(ConfigError, match=r"runner=ray: Ray's socket paths would be longer than 107 .*RAY_TMPDIR"):
+        run(pcfg(runner={"name": "ray"}, actors=1, total_env_steps=2048), tmp_path / "run")
+    assert not ray.is_initialized() and not (tmp_path / "run" / "ray_logs").exists()

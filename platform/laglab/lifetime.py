@@ -29,15 +29,18 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import os
+import logging
 import secrets
 import shutil
 import signal
+import stat
 import tempfile
 import time
 from multiprocessing.connection import wait as wait_conns
 from typing import Dict, List, Optional
 
 PR_SET_PDEATHSIG = 1
+log = logging.getLogger("laglab")
 # the signals that stop a run at its next safe point (summary "interrupted"): Ctrl-C, SIGTERM, and SIGHUP -- the
 # terminal or ssh session closed (its default action would end the learner with no summary)
 STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
@@ -91,25 +94,30 @@ MP_LIFE = LIFE
 # the longest directory the fork server's socket fits in: a socket's path is at most 107 bytes (sun_path), and
 # multiprocessing names it "listener-" and 8 random characters
 MP_DIR_MAX = 107 - len("/listener-") - 8
-# the longest root Ray's sockets fit under: Ray names its session "session_<date>_<time>_<microseconds>_<pid>" (at
-# most 42 characters) and its sockets "sockets/plasma_store" and "sockets/raylet" (".1" and on where one exists)
-RAY_DIR_MAX = 107 - len("/session_2026-12-07_16-11-37_397366_4194304") - len("/sockets/plasma_store.1") - 2
 STALE_S = 60.0  # a directory of ours left half made or half removed is swept once this old (nobody is at it then)
 _lives: Dict[str, int] = {}  # this process's directories of ours -> the fd of its lock on their life file
 
 
-def claim_if_dead(life: str) -> Optional[int]:
+def ray_dir_max(pid: int) -> int:
+    """The longest root a local Ray instance of learner ``pid`` can keep its session in: a socket's path is at
+    most 107 bytes, and Ray's longest is ``<root>/session_<date>_<time>_<microseconds>_<pid>/sockets/plasma_store``
+    (Ray 2.60; its own default root, ``$TMPDIR/ray``, fits a ``TMPDIR`` of 40-odd bytes)."""
+    return 107 - len("/session_2026-12-07_16-11-37_397366_") - len(str(pid)) - len("/sockets/plasma_store")
+
+
+def claim_if_dead(life: str, dir_fd: Optional[int] = None) -> Optional[int]:
     """An exclusive lock on a life file that nobody holds any more (its owner is gone, however it died, in this
     PID namespace or another sharing the file system): the open fd, to close once what the file vouched for is
-    removed. None while its owner lives, where the file cannot be opened (gone, another user's), or where it was
-    replaced meanwhile (another sweep claimed and removed it: the lock taken is not on the file of that name)."""
+    removed. None while its owner lives, where the file cannot be opened (gone, another user's, a symlink), or
+    where it was replaced meanwhile (another sweep claimed and removed it: the lock taken is not on the file of
+    that name). ``dir_fd``: ``life`` is a name in that directory."""
     try:
-        fd = os.open(life, os.O_RDWR | os.O_CLOEXEC)
+        fd = os.open(life, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dir_fd)
     except OSError:
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if os.fstat(fd).st_ino != os.stat(life).st_ino:
+        if os.fstat(fd).st_ino != os.stat(life, dir_fd=dir_fd, follow_symlinks=False).st_ino:
             raise FileNotFoundError(life)
     except OSError:
         os.close(fd)
@@ -117,37 +125,64 @@ def claim_if_dead(life: str) -> Optional[int]:
     return fd
 
 
-def _remove_dir(path: str) -> None:
-    """Remove one of our directories, its life file last (a removal cut short leaves a directory the sweep still
-    recognises as ours and judges by its lock), then the directory; whatever fails is left to a later sweep."""
+def _open_own_dir(path: str) -> Optional[int]:
+    """An fd of ``path`` if it is a directory (not a symlink to one) of this user's; else None."""
     try:
-        names = os.listdir(path)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if os.fstat(fd).st_uid != os.getuid():
+        os.close(fd)
+        return None
+    return fd
+
+
+def _empty_at(dfd: int, last: str = "") -> None:
+    """Remove what directory ``dfd`` holds (``last`` last), never following a symlink; whatever fails stays."""
+    try:
+        names = os.listdir(dfd)
     except OSError:
         return
-    for n in sorted(names, key=lambda n: n == LIFE):
-        p = os.path.join(path, n)
+    for n in sorted(names, key=lambda n: n == last):
         try:
-            if os.path.isdir(p) and not os.path.islink(p):
-                shutil.rmtree(p, ignore_errors=True)
+            if stat.S_ISDIR(os.lstat(n, dir_fd=dfd).st_mode):
+                sub = os.open(n, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+                try:
+                    _empty_at(sub)
+                finally:
+                    os.close(sub)
+                os.rmdir(n, dir_fd=dfd)
             else:
-                os.unlink(p)
+                os.unlink(n, dir_fd=dfd)
         except OSError:
             pass
+
+
+def _remove_dir(path: str) -> None:
+    """Remove one of our directories, its life file last (a removal cut short leaves a directory the sweep still
+    recognises as ours and judges by its lock), then the directory; whatever fails is left to a later sweep. A
+    symlink, or a directory of another user's, is left alone (and nothing is followed inside)."""
+    dfd = _open_own_dir(path)
+    if dfd is None:
+        return
+    try:
+        _empty_at(dfd, last=LIFE)
+    finally:
+        os.close(dfd)
     try:
         os.rmdir(path)
     except OSError:
         pass
 
 
-
-def own_dir(prefix: str, max_len: int) -> Optional[str]:
+def own_dir(prefix: str, max_len: int, base: Optional[str] = None) -> Optional[str]:
     """A directory ``<prefix><pid>-<token>`` in the temporary directory that this process owns for its life: it
     holds a file ``life`` this process keeps a shared ``flock`` on (the kernel drops it however the process dies;
     the fd is close-on-exec, so no child holds it), so :func:`sweep_dirs` removes it once the process is gone,
     SIGKILLed or not. It appears under its name already locked (made under a hidden name, locked, then renamed).
     :func:`release_dir` removes it. None where its path would be longer than ``max_len`` bytes (a long ``TMPDIR``)
-    or it cannot be made or locked (a file system without ``flock``)."""
-    base = tempfile.gettempdir()
+    or it cannot be made or locked (a file system without ``flock``). ``base``: in that directory instead."""
+    base = base or tempfile.gettempdir()
     path = os.path.join(base, f"{prefix}{os.getpid()}-{secrets.token_hex(4)}")
     if len(os.fsencode(path)) > max_len:
         return None
@@ -217,51 +252,113 @@ def _old(path: str) -> bool:
         return False
 
 
-def holders(path: str) -> List[int]:
-    """The processes of this user (other than this one) with a file open, or their working directory, in
-    ``path`` (Linux ``/proc``; elsewhere none)."""
-    inside = os.path.join(os.path.realpath(path), "")
-    found = []
-    try:
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
-    except OSError:
-        return []
-    for pid in pids:
+def _is_ray_of(pid: int, inside: bytes, real: bytes) -> bool:
+    """Whether process ``pid`` is part of the local Ray instance kept in ``real`` (``inside``: it with a slash):
+    started with it on its command line (GCS, raylet, log monitor: ``--session-dir=<root>/session_...``), or named
+    ``ray::...`` by Ray (its agents and workers) with a file open in it."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        args = f.read().split(b"\0")
+    if any(a.startswith(b"--") and (inside in a or a.endswith(b"=" + real)) for a in args):
+        return True
+    if not args[0].startswith(b"ray::"):
+        return False
+    for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
-            links = [os.path.join("/proc", str(pid), "cwd")]
-            links += [os.path.join("/proc", str(pid), "fd", f) for f in os.listdir(f"/proc/{pid}/fd")]
-        except OSError:  # (gone, or not ours to look at)
-            continue
-        for link in links:
-            try:
-                target = os.readlink(link)
-            except OSError:
-                continue
-            if os.path.join(target, "").startswith(inside):
-                found.append(pid)
-                break
-    return found
-
-
-def _stop_holders(path: str) -> None:
-    """SIGKILL what still runs of a dead learner's local Ray instance (:data:`RAY_PREFIX`): the raylet's agents
-    outlive a SIGKILLed raylet by a minute, waiting on a GCS that is gone before they exit."""
-    for pid in holders(path):
-        try:
-            os.kill(pid, signal.SIGKILL)
+            if os.fsencode(os.readlink(f"/proc/{pid}/fd/{fd}")).startswith(inside):
+                return True
         except OSError:
             pass
+    return False
 
 
-def sweep_dirs(prefix: str) -> List[str]:
+def stop_ray_processes(root: str) -> int:
+    """SIGKILL what still runs of the local Ray instance kept in ``root`` (a learner's, :data:`RAY_PREFIX`; Linux
+    ``/proc``): after a SIGKILLed raylet its two agents outlive it by a minute, waiting on a GCS that is gone, and
+    ``ray.shutdown()`` waits for neither. Only this user's processes that are that instance's (see
+    :func:`_is_ray_of`): a shell, a ``tail`` of its logs or another laglab start there is left alone. Each is held
+    by a pidfd from the look to the kill, so a reused pid is never hit. Returns how many it stopped."""
+    real = os.fsencode(os.path.realpath(root))
+    inside = os.path.join(real, b"")
+    uid, me, stopped = os.getuid(), os.getpid(), 0
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != me]
+    except OSError:
+        return 0
+    for pid in pids:
+        try:
+            pfd = os.pidfd_open(pid)
+        except (OSError, AttributeError):
+            continue
+        try:
+            if os.stat(f"/proc/{pid}").st_uid == uid and _is_ray_of(pid, inside, real):
+                signal.pidfd_send_signal(pfd, signal.SIGKILL)
+                stopped += 1
+        except OSError:
+            pass
+        finally:
+            os.close(pfd)
+    return stopped
+
+
+RAY_LOG_TAIL_BYTES = 10 << 20  # of each Ray log file a failed or killed run keeps (its end: what went wrong)
+RUN_DIR = "run_dir"  # the file in a learner's Ray directory naming its run dir
+
+
+def keep_ray_logs(session: str, run_dir) -> Optional[str]:
+    """Copy a run's Ray logs from its session directory (Ray's processes' and each worker's output: ``*.out``,
+    ``*.err``, ``*.log`` but the core workers' own; the last :data:`RAY_LOG_TAIL_BYTES` of each) to
+    ``<run dir>/ray_logs/<session>``: that directory, or None where the session has no logs (Ray had not started
+    one). Raises OSError where they cannot be copied."""
+    logs = os.path.join(session, "logs")
+    if not os.path.isdir(logs):
+        return None
+    dest = os.path.join(str(run_dir), "ray_logs", os.path.basename(os.path.realpath(session)))
+    os.makedirs(dest, exist_ok=True)
+    for n in sorted(os.listdir(logs)):
+        src = os.path.join(logs, n)
+        if n.startswith("python-core-") or not n.endswith((".out", ".err", ".log")) or os.path.islink(src) \
+                or not os.path.isfile(src):
+            continue
+        with open(src, "rb") as f, open(os.path.join(dest, n), "wb") as g:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - RAY_LOG_TAIL_BYTES))
+            shutil.copyfileobj(f, g)
+    return dest
+
+
+def note_run_dir(root: str, run_dir) -> None:
+    """Name the run dir in a learner's Ray directory, for :func:`sweep_dirs` to keep the logs of a killed run."""
+    try:
+        with open(os.path.join(root, RUN_DIR), "w") as f:
+            f.write(os.path.abspath(str(run_dir)))
+    except OSError:
+        pass
+
+
+def _keep_killed_logs(path: str) -> Optional[str]:
+    """A dead learner's Ray directory: its session's logs to the run dir it names, where both still exist and the
+    session lies inside the directory; where they went (or None)."""
+    try:
+        fd = os.open(os.path.join(path, RUN_DIR), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd) as f:
+            run_dir = f.read().strip()
+        session = os.path.realpath(os.path.join(path, "session_latest"))
+        if not (os.path.isdir(run_dir) and session.startswith(os.path.join(os.path.realpath(path), ""))):
+            return None
+        return keep_ray_logs(session, run_dir)
+    except (OSError, ValueError):
+        return None
+
+
+def sweep_dirs(prefix: str, base: Optional[str] = None) -> List[str]:
     """Remove the directories of :func:`own_dir`'s with this prefix whose owners are gone — SIGKILLed, alone or
     with their whole process group, or ended by a third Ctrl-C, which skips the exit's clean-up — and so no longer
     hold the lock on their life file. A live owner's, in this PID namespace or another sharing the temporary
-    directory, is left alone; what still runs of a dead learner's local Ray instance is stopped first. Also removes
-    what a cut-short start or removal left (a hidden directory, or one without its life file) once it is
+    directory, is left alone; what still runs of a dead learner's local Ray instance is stopped first
+    (:func:`stop_ray_processes`). Only real directories of this user's count (a symlink is never followed). Also
+    removes what a cut-short start or removal left (a hidden directory, or one without its life file) once it is
     :data:`STALE_S` old. Returns the names of the owners' directories this sweep removed (one that another start
-    removed meanwhile is not counted twice)."""
-    base = tempfile.gettempdir()
+    removed meanwhile is not counted twice). ``base``: in that directory instead of the temporary directory."""
+    base = base or tempfile.gettempdir()
     try:
         names = sorted(os.listdir(base))
     except OSError:
@@ -269,27 +366,42 @@ def sweep_dirs(prefix: str) -> List[str]:
     removed: List[str] = []
     for n in names:
         path = os.path.join(base, n)
-        if n.startswith("." + prefix):  # (made, not yet named: a start that died in between, or failed)
-            if _old(path):
-                _remove_dir(path)
+        if not n.startswith((prefix, "." + prefix)):
             continue
-        if not n.startswith(prefix):
+        dfd = _open_own_dir(path)  # (a symlink, or another user's: not ours)
+        if dfd is None:
             continue
-        life = os.path.join(path, LIFE)
-        if not os.path.lexists(life):
-            if os.path.isdir(path) and _old(path):  # (a removal cut short after its life file)
-                _remove_dir(path)
-            continue
-        fd = claim_if_dead(life)
-        if fd is None:
-            continue  # its owner holds it: alive (or another sweep has taken it)
         try:
-            if prefix == RAY_PREFIX:
-                _stop_holders(path)
-            _remove_dir(path)
-            removed.append(n)
+            if n.startswith("."):  # (made, not yet named: a start that died in between, or failed)
+                if _old(path):
+                    _remove_dir(path)
+                continue
+            try:
+                os.lstat(LIFE, dir_fd=dfd)
+            except FileNotFoundError:
+                if _old(path):  # (a removal cut short after its life file)
+                    if prefix == RAY_PREFIX:
+                        stop_ray_processes(path)
+                    _remove_dir(path)
+                continue
+            fd = claim_if_dead(LIFE, dir_fd=dfd)
+            if fd is None:
+                continue  # its owner holds it: alive (or another sweep has taken it)
+            try:
+                if prefix == RAY_PREFIX:
+                    stop_ray_processes(path)
+                    kept = _keep_killed_logs(path)
+                    if kept is not None:
+                        log.info("laglab: the Ray logs of the killed run (pid %s) are in %s",
+                                 n[len(prefix):].split("-")[0], kept)
+                _remove_dir(path)
+                removed.append(n)
+            finally:
+                os.close(fd)
+        except OSError:
+            continue
         finally:
-            os.close(fd)
+            os.close(dfd)
     return removed
 
 

@@ -205,11 +205,15 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
         pids = sorted({n.split("-")[1] for n in stale})
         log.info("laglab: removed %d shared-memory segment(s) left in /dev/shm by killed runs (pid %s)", len(stale),
                  ", ".join(pids))
-    for prefix, what in ((MP_PREFIX, "fork-server"), (RAY_PREFIX, "local Ray instance")):
-        gone = sweep_dirs(prefix)
+    # (a local Ray instance's directory goes in /tmp where the temporary directory is too long for Ray's sockets)
+    for prefix, what, base in ((MP_PREFIX, "fork-server", None), (RAY_PREFIX, "local Ray instance", None),
+                               (RAY_PREFIX, "local Ray instance", "/tmp")):
+        if base == tempfile.gettempdir():
+            continue
+        gone = sweep_dirs(prefix, base)
         if gone:
             log.info("laglab: removed %d %s directory(ies) left in %s by runs that did not end in order (pid %s)",
-                     len(gone), what, tempfile.gettempdir(),
+                     len(gone), what, base or tempfile.gettempdir(),
                      ", ".join(sorted({n[len(prefix):].split("-")[0] for n in gone})))
     torch.set_num_threads(cfg.runner.torch_threads)
     random.seed(cfg.seed)

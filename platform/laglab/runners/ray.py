@@ -27,6 +27,7 @@ import math
 import os
 import shutil
 import signal
+import tempfile
 import threading
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -37,12 +38,13 @@ from ..admission import Admission
 from ..recurrent import policy_state_shape
 from ..chaos import ChaosCounts
 from .. import timeline
-from ..config import Config
+from ..config import Config, ConfigError
 from ..envs import EnvSpec
 from ..fragment import FragmentId
 from ..inference import SnapshotCodec
 from ..learner import Learner
-from ..lifetime import RAY_PREFIX, RAY_DIR_MAX, STOP_SIGNALS, own_dir, release_dir
+from ..lifetime import (RAY_PREFIX, STOP_SIGNALS, keep_ray_logs, note_run_dir, own_dir, ray_dir_max, release_dir,
+                        stop_ray_processes)
 from ..policy import Snapshot
 from ..tracking import Tracker
 from ..transport import FragmentQueue
@@ -117,36 +119,41 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
     import ray
 
     own = not ray.is_initialized()
-    root = None  # a local instance's root directory (its session's), ours to remove
+    local = own and cfg.runner.address is None
+    place: Dict[str, Optional[str]] = {"root": None, "session": None}  # a local instance's: ours to remove
     if own:  # a new local Ray instance, or the cluster at runner.address ("auto", "ray://host:10001", ...)
         kw: Dict[str, Any] = {}
-        if cfg.runner.address is None:  # room for every actor (processes share the cores, as with runner=process)
-            kw["num_cpus"] = max(os.cpu_count() or 1, math.ceil(cfg.actors * cfg.runner.cpus_per_actor))
-            root = _own_root()
-            if root is not None:
-                kw["_temp_dir"] = root
         from ..console import to_log_file
 
         log.info("laglab: starting Ray (%d actors)...", cfg.actors)
         handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
         try:
+            if local:  # room for every actor (processes share the cores, as with runner=process)
+                kw["num_cpus"] = max(os.cpu_count() or 1, math.ceil(cfg.actors * cfg.runner.cpus_per_actor))
+                place["root"], theirs = _own_root()
+                if place["root"] is not None:
+                    kw["_temp_dir"] = place["root"]
+                    note_run_dir(place["root"], run_dir)  # (a start that finds the run killed keeps its logs there)
             with to_log_file("ray"), _own_session(cfg.runner.address is None), _no_crash_handler():
-                ray.init(address=cfg.runner.address or "local", include_dashboard=False, log_to_driver=False,
-                         logging_level="warning", **kw)  # (its warnings: to the run's log file)
+                try:
+                    ray.init(address=cfg.runner.address or "local", include_dashboard=False, log_to_driver=False,
+                             logging_level="warning", **kw)  # (its warnings: to the run's log file)
+                except OSError as e:
+                    if "AF_UNIX path length" not in str(e):
+                        raise
+                    raise ConfigError(f"runner=ray: Ray's socket paths would be longer than 107 bytes ({e}); start "
+                                      "it with a shorter TMPDIR or RAY_TMPDIR (e.g. RAY_TMPDIR=/tmp)") from None
+            if local and (place["root"] is not None or theirs):
+                place["session"] = _session_dir(ray)
         except SystemExit as e:  # ray.init's own SIGTERM handler (sys.exit) ran while Ray started
-            _restore(handlers)
-            ray.shutdown()
-            _restore(handlers)
-            release_dir(root)
+            _shut_down(ray, handlers, place, None)
             term = handlers.get(signal.SIGTERM)
             if e.code != signal.SIGTERM or not callable(term):
                 raise
             term(signal.SIGTERM, None)  # the run's handler gets the signal Ray took: a stop request, counted
             raise KeyboardInterrupt("stopped while Ray was starting") from None
         except BaseException as e:
-            ray.shutdown()
-            _restore(handlers)
-            _leave_root(root, None if isinstance(e, KeyboardInterrupt) else run_dir)  # (Ray's logs say why it failed)
+            _shut_down(ray, handlers, place, None if isinstance(e, (KeyboardInterrupt, ConfigError)) else run_dir)
             raise
         _restore(handlers)
     elif cfg.runner.address is not None:
@@ -162,36 +169,85 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
         raise
     finally:
         if own:
-            ray.shutdown()
-            _restore(handlers)  # (shutting Ray down sets SIGTERM's action to the default behind Python's back)
-            _leave_root(root, run_dir if failed else None)
+            _shut_down(ray, handlers, place, run_dir if failed else None)
 
 
-def _own_root() -> Optional[str]:
-    """The root directory for a local Ray instance this run starts: Ray keeps each instance's session (its logs,
-    sockets, spilled objects; 0.4-0.6 MB a run) under ``/tmp/ray`` for good, one more every run. Ours is a
-    directory of :func:`laglab.lifetime.own_dir`'s (``laglab-ray-<pid>-<token>``): removed when the run ends, and
-    by the next start if the learner was killed. None (Ray's own way) where the user chose Ray's directory
-    (``RAY_TMPDIR``) or ours cannot be made (a ``TMPDIR`` too long for Ray's sockets, no ``flock``)."""
-    if os.environ.get("RAY_TMPDIR"):
+def _own_root() -> Tuple[Optional[str], bool]:
+    """The root directory for a local Ray instance this run starts, and whether the session Ray makes is ours to
+    remove. Ray keeps each instance's session (its logs, sockets, spilled objects; 0.3-0.6 MB a run) under
+    ``$TMPDIR/ray`` for good, one more every run. Ours is a directory of :func:`laglab.lifetime.own_dir`'s
+    (``laglab-ray-<pid>-<token>``): removed when the run ends, and by the next start if the learner was killed.
+    Ray's socket paths are limited to 107 bytes, so under a ``TMPDIR`` too long for them ours goes in /tmp (as
+    the log says). None (Ray's own way) where the user chose Ray's directory (``RAY_TMPDIR``: left as it is), or
+    ours cannot be made (no ``flock``; said in the log, and the session Ray made is removed at the run's end, but
+    not after a SIGKILL)."""
+    if "RAY_TMPDIR" in os.environ:
+        return None, False
+    pid = os.getpid()
+    room = ray_dir_max(pid) - len(f"/{RAY_PREFIX}{pid}-") - 8  # (the longest directory ours fits in)
+    for base in dict.fromkeys((tempfile.gettempdir(), "/tmp")):
+        if len(os.fsencode(base)) <= room and os.path.isdir(base):
+            root = own_dir(RAY_PREFIX, ray_dir_max(pid), base)
+            if root is not None:
+                if base != tempfile.gettempdir():
+                    log.info("laglab: Ray keeps this run's session in %s: the temporary directory %s is longer than "
+                             "the %d bytes Ray's socket paths leave it (107 in all)", root, tempfile.gettempdir(),
+                             room)
+                return root, False
+    log.info("laglab: Ray keeps this run's session in its own directory (%s): laglab's could not be made; it is "
+             "removed at the run's end, but not after a SIGKILL", os.path.join(tempfile.gettempdir(), "ray"))
+    return None, True
+
+
+def _session_dir(ray) -> Optional[str]:
+    """The session directory of the local instance this process started (Ray's private API: None if it moved)."""
+    try:
+        return ray._private.worker._global_node.get_session_dir_path()
+    except AttributeError:
         return None
-    return own_dir(RAY_PREFIX, RAY_DIR_MAX)
 
 
-def _leave_root(root: Optional[str], keep_logs_in=None) -> None:
-    """After ``ray.shutdown()``: remove the instance's root; first, if ``keep_logs_in`` (a run that failed), copy
-    its session's logs (Ray's processes' and each worker's output) to ``<run dir>/ray_logs``."""
-    if root is None:
-        return
-    if keep_logs_in is not None:
-        logs = os.path.join(root, "session_latest", "logs")
-        dest = os.path.join(str(keep_logs_in), "ray_logs")
+def _shut_down(ray, handlers: Dict[int, Any], place: Dict[str, Optional[str]], keep_logs_in) -> None:
+    """Shut the instance down, put the run's stop handlers back, then leave nothing of a local instance: stop what
+    still runs of it (``ray.shutdown()`` waits for neither the raylet's agents nor its workers), copy its logs to
+    the run dir if ``keep_logs_in`` (a failed run), remove its directory (ours, or the session Ray made in its
+    own). Each step runs even if one before it raised (a second Ctrl-C while Ray shuts down)."""
+    try:
+        ray.shutdown()
+    finally:
         try:
-            shutil.copytree(logs, dest, symlinks=True, ignore_dangling_symlinks=True, dirs_exist_ok=True)
-            log.warning("laglab: Ray's logs of this run are in %s", dest)
-        except (OSError, shutil.Error) as e:
-            log.warning("laglab: Ray's logs of this run could not be kept (%s)", e)
-    release_dir(root)
+            _restore(handlers)  # (shutting Ray down sets SIGTERM's action to the default behind Python's back)
+        finally:
+            _leave(place, keep_logs_in)
+
+
+def _leave(place: Dict[str, Optional[str]], keep_logs_in=None) -> None:
+    root, session = place["root"], place["session"]
+    where = root or session
+    if where is None:
+        return
+    try:
+        stop_ray_processes(where)
+        if keep_logs_in is not None:
+            _keep_logs(session or os.path.join(root, "session_latest"), keep_logs_in)
+    finally:
+        if root is not None:
+            release_dir(root)
+        elif session is not None:
+            shutil.rmtree(session, ignore_errors=True)
+
+
+def _keep_logs(session: str, run_dir) -> None:
+    """Copy a failed run's Ray logs to its run dir (:func:`laglab.lifetime.keep_ray_logs`) and say where."""
+    try:
+        dest = keep_ray_logs(session, run_dir)
+    except OSError as e:
+        log.warning("laglab: Ray's logs of this run could not be kept (%s)", e)
+        return
+    if dest is None:
+        log.warning("laglab: Ray had not started a session: no Ray logs to keep")
+    else:
+        log.warning("laglab: Ray's logs of this run are in %s", dest)
 
 
 @contextlib.contextmanager
