@@ -573,7 +573,8 @@ got = []
 handlers = {signal.SIGTERM: lambda s, f: got.append(s)}
 signal.signal(signal.SIGTERM, handlers[signal.SIGTERM])
 with R._own_session(True), R._no_crash_handler():
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="error")
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="error",
+             _temp_dir=sys.argv[2])
 R._restore(handlers)
 os.kill(os.getpid(), signal.SIGTERM)
 ray.shutdown()
@@ -589,8 +590,9 @@ def test_the_stop_handler_takes_sigterm_while_ray_runs_and_after_it_shuts_down()
     handler. (Ray's driver-side crash handler left SIGTERM at its default action when Ray shut down while Python's
     table still named the run's handler: the process died of the signal, with no summary.)"""
     pytest.importorskip("ray")
-    p = subprocess.run([sys.executable, "-c", _AFTER_RAY, str(ROOT / "platform")], capture_output=True, text=True,
-                       timeout=120)
+    import conftest
+    p = subprocess.run([sys.executable, "-c", _AFTER_RAY, str(ROOT / "platform"), conftest.ray_root()],
+                       capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.split()[-1] == "2", (p.returncode, p.stderr[-2000:])
 
 

@@ -22,8 +22,11 @@ def cluster():
 
     if ray.is_initialized():
         ray.shutdown()
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-    nodes = [c.add_node(num_cpus=2, resources={"rollout": 100}) for _ in range(2)]
+    import conftest
+
+    root = conftest.ray_root()  # (not /tmp/ray, where Ray keeps every session for good)
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False, "temp_dir": root})
+    nodes = [c.add_node(num_cpus=2, resources={"rollout": 100}, temp_dir=root) for _ in range(2)]
     c.wait_for_nodes()
     ray.init(address=c.address, log_to_driver=False, logging_level="warning")
     try:
