@@ -125,12 +125,12 @@ def test_a_killed_process_group_leaves_segments_that_the_next_start_removes(tmp_
         # orderly exit removes), but one of laglab's, with the dead learner's pid in its name
         assert pymp() == pymp_before
         assert len(_mp_dirs(dead.pid)) == 1 and len(_mp_dirs(live.pid)) == 1
-        from laglab.lifetime import sweep_mp_tempdirs
+        from laglab.lifetime import MP_PREFIX, sweep_dirs
         from laglab.shm import sweep_stale
         removed = sweep_stale()
         assert set(left) <= set(removed) and not leftover_segments(dead.pid)
         assert len(leftover_segments(live.pid)) == 6  # a live run holds its life file's lock: kept
-        sweep_mp_tempdirs()  # (whoever sweeps first, the dead run's goes and the live one's stays)
+        sweep_dirs(MP_PREFIX)  # (whoever sweeps first, the dead run's goes and the live one's stays)
         assert not _mp_dirs(dead.pid) and len(_mp_dirs(live.pid)) == 1
         # the next start says what it removed
         os.killpg(live.pid, signal.SIGKILL)
@@ -179,7 +179,7 @@ def test_the_fork_servers_directory_is_removed_by_the_next_start_once_its_learne
     """What :func:`own_mp_tempdir` makes: multiprocessing's temporary directory for the process. An orderly exit
     removes it; after a SIGKILL it stays until a start sweeps it, and a live owner's is never swept."""
     import laglab
-    from laglab.lifetime import sweep_mp_tempdirs
+    from laglab.lifetime import MP_PREFIX, sweep_dirs
     root = os.path.dirname(list(laglab.__path__)[0])
     done = subprocess.run([sys.executable, "-c", _OWNER.format(root=root, then="")], capture_output=True, text=True,
                           timeout=60)
@@ -190,17 +190,17 @@ def test_the_fork_servers_directory_is_removed_by_the_next_start_once_its_learne
     try:
         dirs = [p.stdout.readline().strip() for p in procs]
         assert all(os.path.basename(d) == _mp_dirs(p.pid)[0] for d, p in zip(dirs, procs))
-        assert not {os.path.basename(d) for d in dirs} & set(sweep_mp_tempdirs())  # both alive: kept
+        assert not {os.path.basename(d) for d in dirs} & set(sweep_dirs(MP_PREFIX))  # both alive: kept
         procs[0].kill()
         procs[0].wait()
         assert os.path.isdir(dirs[0])  # a SIGKILL leaves it ...
-        assert os.path.basename(dirs[0]) in sweep_mp_tempdirs()  # ... for the next sweep, which takes it
+        assert os.path.basename(dirs[0]) in sweep_dirs(MP_PREFIX)  # ... for the next sweep, which takes it
         assert not os.path.exists(dirs[0]) and os.path.isdir(dirs[1])  # (and keeps the live one's)
     finally:
         for p in procs:
             p.kill()
             p.wait()
-        sweep_mp_tempdirs()  # (the second one's, SIGKILLed last)
+        sweep_dirs(MP_PREFIX)  # (the second one's, SIGKILLed last)
 
 
 def test_the_fork_servers_directory_outlives_no_learner_in_the_ways_a_start_can_go_wrong(tmp_path, monkeypatch):
@@ -220,7 +220,8 @@ def test_the_fork_servers_directory_outlives_no_learner_in_the_ways_a_start_can_
         owner.kill()
         owner.wait()
         assert _proc_state(child) not in (None, "Z")  # the child lives on, orphaned ...
-        assert os.path.basename(path) in lifetime.sweep_mp_tempdirs() and not os.path.exists(path)  # ... lock-less
+        assert os.path.basename(path) in lifetime.sweep_dirs(lifetime.MP_PREFIX)  # ... lock-less
+        assert not os.path.exists(path)
     finally:
         owner.kill()
         owner.wait()
@@ -238,9 +239,9 @@ def test_the_fork_servers_directory_outlives_no_learner_in_the_ways_a_start_can_
     fresh, stale = tmp_path / f".{lifetime.MP_PREFIX}fresh", tmp_path / f".{lifetime.MP_PREFIX}stale"
     for d in (fresh, stale):
         d.mkdir()
-        (d / lifetime.MP_LIFE).touch()
+        (d / lifetime.LIFE).touch()
     os.utime(stale, (time.time() - 2 * lifetime.STALE_S,) * 2)
-    assert lifetime.sweep_mp_tempdirs() == []  # (not a learner's: not counted)
+    assert lifetime.sweep_dirs(lifetime.MP_PREFIX) == []  # (not a learner's: not counted)
     assert fresh.exists() and not stale.exists()
 
 

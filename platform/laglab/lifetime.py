@@ -90,7 +90,6 @@ def forget_fork_server() -> None:
 MP_PREFIX = "laglab-mp-"  # multiprocessing's temporary directory of a laglab learner, in tempfile.gettempdir()
 RAY_PREFIX = "laglab-ray-"  # the root of a laglab learner's local Ray instance (its session directory), likewise
 LIFE = "life"  # the file in such a directory whose shared lock its learner holds for its whole life
-MP_LIFE = LIFE
 # the longest directory the fork server's socket fits in: a socket's path is at most 107 bytes (sun_path), and
 # multiprocessing names it "listener-" and 8 random characters
 MP_DIR_MAX = 107 - len("/listener-") - 8
@@ -300,6 +299,12 @@ def stop_ray_processes(root: str) -> int:
     return stopped
 
 
+def ray_bases() -> List[str]:
+    """Where a learner's Ray directory can be: the temporary directory, else /tmp (where the temporary directory is
+    too long for Ray's sockets)."""
+    return list(dict.fromkeys((tempfile.gettempdir(), "/tmp")))
+
+
 RAY_LOG_TAIL_BYTES = 10 << 20  # of each Ray log file a failed or killed run keeps (its end: what went wrong)
 RUN_DIR = "run_dir"  # the file in a learner's Ray directory naming its run dir
 
@@ -349,6 +354,16 @@ def _keep_killed_logs(path: str) -> Optional[str]:
         return None
 
 
+def _leave_dead_ray(path: str, name: str) -> None:
+    """Before a dead learner's Ray directory is removed: stop what still runs of its instance, keep its logs in its
+    run dir."""
+    stop_ray_processes(path)
+    kept = _keep_killed_logs(path)
+    if kept is not None:
+        log.info("laglab: the Ray logs of the killed run (pid %s) are in %s", name[len(RAY_PREFIX):].split("-")[0],
+                 kept)
+
+
 def sweep_dirs(prefix: str, base: Optional[str] = None) -> List[str]:
     """Remove the directories of :func:`own_dir`'s with this prefix whose owners are gone — SIGKILLed, alone or
     with their whole process group, or ended by a third Ctrl-C, which skips the exit's clean-up — and so no longer
@@ -381,7 +396,7 @@ def sweep_dirs(prefix: str, base: Optional[str] = None) -> List[str]:
             except FileNotFoundError:
                 if _old(path):  # (a removal cut short after its life file)
                     if prefix == RAY_PREFIX:
-                        stop_ray_processes(path)
+                        _leave_dead_ray(path, n)
                     _remove_dir(path)
                 continue
             fd = claim_if_dead(LIFE, dir_fd=dfd)
@@ -389,11 +404,7 @@ def sweep_dirs(prefix: str, base: Optional[str] = None) -> List[str]:
                 continue  # its owner holds it: alive (or another sweep has taken it)
             try:
                 if prefix == RAY_PREFIX:
-                    stop_ray_processes(path)
-                    kept = _keep_killed_logs(path)
-                    if kept is not None:
-                        log.info("laglab: the Ray logs of the killed run (pid %s) are in %s",
-                                 n[len(prefix):].split("-")[0], kept)
+                    _leave_dead_ray(path, n)
                 _remove_dir(path)
                 removed.append(n)
             finally:
@@ -403,11 +414,6 @@ def sweep_dirs(prefix: str, base: Optional[str] = None) -> List[str]:
         finally:
             os.close(dfd)
     return removed
-
-
-def sweep_mp_tempdirs() -> List[str]:
-    """:func:`sweep_dirs` of the learners' multiprocessing directories (:func:`own_mp_tempdir`)."""
-    return sweep_dirs(MP_PREFIX)
 
 
 class Lifeline:

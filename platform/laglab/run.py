@@ -17,7 +17,7 @@ from .config import Config, ConfigError, usable_cpus
 from .accounting import Budget
 from .checks import check_resume, env_spec, prestart, resume_checkpoint  # noqa: F401 - check_resume, env_spec: API
 from .learner import INCARNATION_MARK, Learner
-from .lifetime import MP_PREFIX, RAY_PREFIX, sweep_dirs
+from .lifetime import MP_PREFIX, RAY_PREFIX, ray_bases, sweep_dirs
 from .shm import sweep_stale
 from . import runners, timeline
 from .console import footer
@@ -205,15 +205,12 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
         pids = sorted({n.split("-")[1] for n in stale})
         log.info("laglab: removed %d shared-memory segment(s) left in /dev/shm by killed runs (pid %s)", len(stale),
                  ", ".join(pids))
-    # (a local Ray instance's directory goes in /tmp where the temporary directory is too long for Ray's sockets)
-    for prefix, what, base in ((MP_PREFIX, "fork-server", None), (RAY_PREFIX, "local Ray instance", None),
-                               (RAY_PREFIX, "local Ray instance", "/tmp")):
-        if base == tempfile.gettempdir():
-            continue
+    for prefix, what, base in [(MP_PREFIX, "fork-server", tempfile.gettempdir())] + [
+            (RAY_PREFIX, "local Ray instance", b) for b in ray_bases()]:
         gone = sweep_dirs(prefix, base)
         if gone:
             log.info("laglab: removed %d %s directory(ies) left in %s by runs that did not end in order (pid %s)",
-                     len(gone), what, base or tempfile.gettempdir(),
+                     len(gone), what, base,
                      ", ".join(sorted({n[len(prefix):].split("-")[0] for n in gone})))
     torch.set_num_threads(cfg.runner.torch_threads)
     random.seed(cfg.seed)

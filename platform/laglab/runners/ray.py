@@ -43,8 +43,8 @@ from ..envs import EnvSpec
 from ..fragment import FragmentId
 from ..inference import SnapshotCodec
 from ..learner import Learner
-from ..lifetime import (RAY_PREFIX, STOP_SIGNALS, keep_ray_logs, note_run_dir, own_dir, ray_dir_max, release_dir,
-                        stop_ray_processes)
+from ..lifetime import (RAY_PREFIX, STOP_SIGNALS, keep_ray_logs, note_run_dir, own_dir, ray_bases, ray_dir_max,
+                        release_dir, stop_ray_processes)
 from ..policy import Snapshot
 from ..tracking import Tracker
 from ..transport import FragmentQueue
@@ -184,16 +184,14 @@ def _own_root() -> Tuple[Optional[str], bool]:
     if "RAY_TMPDIR" in os.environ:
         return None, False
     pid = os.getpid()
-    room = ray_dir_max(pid) - len(f"/{RAY_PREFIX}{pid}-") - 8  # (the longest directory ours fits in)
-    for base in dict.fromkeys((tempfile.gettempdir(), "/tmp")):
-        if len(os.fsencode(base)) <= room and os.path.isdir(base):
-            root = own_dir(RAY_PREFIX, ray_dir_max(pid), base)
-            if root is not None:
-                if base != tempfile.gettempdir():
-                    log.info("laglab: Ray keeps this run's session in %s: the temporary directory %s is longer than "
-                             "the %d bytes Ray's socket paths leave it (107 in all)", root, tempfile.gettempdir(),
-                             room)
-                return root, False
+    for base in ray_bases():
+        root = own_dir(RAY_PREFIX, ray_dir_max(pid), base)  # (None where too long for Ray's sockets)
+        if root is not None:
+            if base != tempfile.gettempdir():
+                room = ray_dir_max(pid) - len(f"/{RAY_PREFIX}{pid}-") - 8  # (the longest directory ours fits in)
+                log.info("laglab: Ray keeps this run's session in %s: the temporary directory %s is longer than the "
+                         "%d bytes Ray's socket paths leave it (107 in all)", root, tempfile.gettempdir(), room)
+            return root, False
     log.info("laglab: Ray keeps this run's session in its own directory (%s): laglab's could not be made; it is "
              "removed at the run's end, but not after a SIGKILL", os.path.join(tempfile.gettempdir(), "ray"))
     return None, True
