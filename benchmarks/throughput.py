@@ -228,6 +228,7 @@ def ray_path_overhead(calls: int = 200) -> None:
     from laglab.config import Config, validate
     from laglab.learner import Learner
     from laglab.run import env_spec
+    from laglab.runners.ray import local_instance
     from laglab.runners.ray_actor import from_wire, to_wire
 
     cfg = validate(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create({"actors": 1})))
@@ -245,8 +246,7 @@ def ray_path_overhead(calls: int = 200) -> None:
         def rollout(self):
             return self.rep
 
-    ray.init(include_dashboard=False, log_to_driver=False, logging_level="warning")
-    try:
+    with local_instance():  # (its session in a directory of laglab's, removed at the end, as a run's)
         e = Echo.remote(report)
         ray.get(e.rollout.remote())
         t0 = time.perf_counter()
@@ -254,8 +254,6 @@ def ray_path_overhead(calls: int = 200) -> None:
             res = ray.get(e.rollout.remote())
             [from_wire(x) for x in res["fragments"]]
         dt = (time.perf_counter() - t0) / calls
-    finally:
-        ray.shutdown()
     print("### the Ray path alone (one CartPole rollout report per call, 8 fragments of 32 steps)\n")
     print("| per call | per fragment | bytes per fragment (arrays, copied once into the reply) |")
     print("| --- | --- | --- |")

@@ -626,6 +626,36 @@ def test_process_runner_is_refused_where_stores_are_not_kept_in_order(monkeypatc
         check_fits(cfg, env_spec(cfg))
 
 
+_LOCAL_INSTANCE = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+import ray
+from laglab.runners import ray as R
+with R.local_instance(num_cpus=1):
+    session = ray._private.worker._global_node.get_session_dir_path()
+    print(session, os.path.isdir(session), flush=True)
+    @ray.remote
+    def one():
+        return os.getpid()
+    print(ray.get(one.remote()), flush=True)
+"""
+
+
+def test_a_tools_local_ray_instance_leaves_nothing(tmp_path):
+    """benchmarks/throughput.py's Ray path (laglab.runners.ray.local_instance): the session in a directory of
+    laglab's, as a run's, and nothing of it left after (a plain ray.init kept it in $TMPDIR/ray for good)."""
+    pytest.importorskip("ray")
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    env.pop("RAY_TMPDIR", None)
+    p = subprocess.run([sys.executable, "-c", _LOCAL_INSTANCE, str(ROOT / "platform")], capture_output=True,
+                       text=True, timeout=180, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    session, made, worker = p.stdout.split()[:3]
+    assert made == "True" and os.path.basename(os.path.dirname(session)).startswith("laglab-ray-"), session
+    assert not os.path.exists(os.path.dirname(session)), "the instance's directory outlived it"
+    assert not (tmp_path / "ray").exists() and not os.path.exists(f"/proc/{worker}"), list(tmp_path.iterdir())
+
+
 def test_ray_lets_go_of_each_dead_actor(tmp_path, monkeypatch):
     """runner=ray: a restarted slot's dead life is dropped (its handle, so Ray frees the actor), not kept for the
     rest of the run."""

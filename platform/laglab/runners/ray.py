@@ -172,6 +172,31 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
             _shut_down(ray, handlers, place, run_dir if failed else None)
 
 
+@contextlib.contextmanager
+def local_instance(**kw: Any) -> Iterator[None]:
+    """A local Ray instance for a tool outside a run (``benchmarks/throughput.py``'s Ray path), kept as a run keeps
+    its own: its session in a directory of laglab's (:func:`_own_root`), and nothing of it left at the end (its
+    processes stopped, the directory removed; after a SIGKILL, the next start's sweep). ``kw``: more for
+    ``ray.init`` (``num_cpus``, ...)."""
+    import ray
+
+    place: Dict[str, Optional[str]] = {"root": None, "session": None}
+    place["root"], theirs = _own_root()
+    if place["root"] is not None:
+        kw["_temp_dir"] = place["root"]
+    try:
+        with _own_session(True), _no_crash_handler():
+            ray.init(address="local", include_dashboard=False, log_to_driver=False, logging_level="warning", **kw)
+        if place["root"] is not None or theirs:
+            place["session"] = _session_dir(ray)
+        yield
+    finally:
+        try:
+            ray.shutdown()
+        finally:
+            _leave(place)
+
+
 def _own_root() -> Tuple[Optional[str], bool]:
     """The root directory for a local Ray instance this run starts, and whether the session Ray makes is ours to
     remove. Ray keeps each instance's session (its logs, sockets, spilled objects; 0.3-0.6 MB a run) under
