@@ -364,6 +364,9 @@ def _leave_dead_ray(path: str, name: str) -> None:
                  kept)
 
 
+BEFORE_REMOVAL = {RAY_PREFIX: _leave_dead_ray}  # what a sweep does first with a dead owner's directory, by its kind
+
+
 def sweep_dirs(prefix: str, base: Optional[str] = None) -> List[str]:
     """Remove the directories of :func:`own_dir`'s with this prefix whose owners are gone — SIGKILLed, alone or
     with their whole process group, or ended by a third Ctrl-C, which skips the exit's clean-up — and so no longer
@@ -374,6 +377,7 @@ def sweep_dirs(prefix: str, base: Optional[str] = None) -> List[str]:
     :data:`STALE_S` old. Returns the names of the owners' directories this sweep removed (one that another start
     removed meanwhile is not counted twice). ``base``: in that directory instead of the temporary directory."""
     base = base or tempfile.gettempdir()
+    before = BEFORE_REMOVAL.get(prefix, lambda path, name: None)
     try:
         names = sorted(os.listdir(base))
     except OSError:
@@ -395,16 +399,14 @@ def sweep_dirs(prefix: str, base: Optional[str] = None) -> List[str]:
                 os.lstat(LIFE, dir_fd=dfd)
             except FileNotFoundError:
                 if _old(path):  # (a removal cut short after its life file)
-                    if prefix == RAY_PREFIX:
-                        _leave_dead_ray(path, n)
+                    before(path, n)
                     _remove_dir(path)
                 continue
             fd = claim_if_dead(LIFE, dir_fd=dfd)
             if fd is None:
                 continue  # its owner holds it: alive (or another sweep has taken it)
             try:
-                if prefix == RAY_PREFIX:
-                    _leave_dead_ray(path, n)
+                before(path, n)
                 _remove_dir(path)
                 removed.append(n)
             finally:
