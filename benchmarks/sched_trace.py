@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, Iterable
+from typing import Dict, Iterable, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = [sys.executable, "train.py", "env=latency", "env.latency_ms=[2]", "actors=64", "total_env_steps=400000",
@@ -44,9 +44,10 @@ KV = re.compile(r"(\w+)=(\S+)")
 WAKE_S = 5e-6  # a migration this soon after a task's waking is the wake-up's own choice of core (the same instant)
 
 
-def analyse(lines: Iterable[str]) -> Dict[str, float]:
+def analyse(lines: Iterable[str], learner: Optional[int] = None) -> Dict[str, float]:
     """The figures above from ``perf script -F cpu,time,event,trace`` lines of sched_waking, sched_migrate_task and
-    sched_switch events (other lines are skipped)."""
+    sched_switch events (other lines are skipped). ``learner``: the learner's thread id (the traced command's pid):
+    also how often a task took its core while it could run (see :func:`preemptions`)."""
     cur: Dict[int, int] = {}  # core -> the task running on it (0: idle)
     queue: Dict[int, set] = collections.defaultdict(set)  # core -> tasks waiting on it
     where: Dict[int, int] = {}  # task -> the core whose queue it is in / it last ran on
@@ -58,6 +59,7 @@ def analyse(lines: Iterable[str]) -> Dict[str, float]:
     # woke, whether the wake-up itself moved it (a migration in the same instant: the kernel's choice of core)]
     watch: Dict[int, set] = {}  # core that went idle -> the tasks then waiting elsewhere
     t_first = t_last = None
+    lines = list(lines)
     for line in lines:
         m = LINE.match(line)
         if not m:
@@ -122,7 +124,8 @@ def analyse(lines: Iterable[str]) -> Dict[str, float]:
     if span <= 0:
         raise ValueError("no scheduler events in the trace (sched_waking, sched_migrate_task, sched_switch)")
     n = len(cores)
-    return {"seconds": span, "cores": n,
+    more = preemptions(lines, learner) if learner is not None else {}
+    return {**more, "seconds": span, "cores": n,
             "idle_frac": sum(idle.values()) / (n * span),
             "idle_while_queued_frac": sum(idle_queued.values()) / (n * span),
             "woke_to_busy_core_with_another_idle": woke_busy,
@@ -132,8 +135,47 @@ def analyse(lines: Iterable[str]) -> Dict[str, float]:
             "pulled_frac": pulled / went_idle if went_idle else float("nan")}
 
 
-def record(cmd, seconds: float, warm: float) -> list:
-    """Run ``cmd`` (in its own process group, from the repo), trace ``seconds`` of it after ``warm``; the lines."""
+def preemptions(lines: Iterable[str], learner: int) -> Dict[str, float]:
+    """How the learner's thread shares its core: each time it left its core still runnable (``prev_state=R``: a
+    waking task took the core) until it ran again. ``learner_preempted_frac``: that time's share of the learner's
+    own run time plus it; ``learner_preempted_by_lower``: the share of those taken by a task of lower priority
+    (a higher nice: the actors at 15 or 19, which laglab.sim's cores let the learner hold off for its whole burst).
+    2026-12-07, this VM (reports/sim_validation/sched_trace.txt): 8 Ray workers, 0.14 ms each, 24% of the learner's
+    time, 39% of them by the nice-15 workers; 16 process actors, 0.28 ms each, 6.9%, 60% by the nice-19 actors."""
+    ran = gone = 0.0
+    on: Dict[int, float] = {}  # core -> since when the learner runs there
+    out_at = None  # when it left its core runnable
+    count = lower = 0
+    for line in lines:
+        m = LINE.match(line)
+        if not m or m[3] != "sched_switch":
+            continue
+        cpu, t = int(m[1]), float(m[2])
+        before, _, after = m[4].partition("==>")
+        kp, kn = dict(KV.findall(before)), dict(KV.findall(after))
+        if int(kp.get("prev_pid", -1)) == learner and cpu in on:
+            ran += t - on.pop(cpu)
+            if kp.get("prev_state", "").startswith("R"):
+                out_at = t
+                count += 1
+                lower += int(kn.get("next_prio", 0)) > int(kp.get("prev_prio", 0))
+        if int(kn.get("next_pid", -1)) == learner:
+            on[cpu] = t
+            if out_at is not None:
+                gone += t - out_at
+                out_at = None
+    if ran <= 0:
+        raise ValueError(f"the learner's thread {learner} never ran in the trace")
+    return {"learner_run_s": ran, "learner_preempted": count,
+            "learner_preempted_per_run_s": count / ran,
+            "learner_preempted_s_mean": gone / count if count else float("nan"),
+            "learner_preempted_frac": gone / (ran + gone),
+            "learner_preempted_by_lower": lower / count if count else float("nan")}
+
+
+def record(cmd, seconds: float, warm: float) -> Tuple[list, int]:
+    """Run ``cmd`` (in its own process group, from the repo), trace ``seconds`` of it after ``warm``; the lines and
+    the command's pid (train.py's: the learner's main thread)."""
     if shutil.which("perf") is None:
         sys.exit("sched_trace: perf is not installed (Debian: apt-get install linux-perf)")
     with tempfile.TemporaryDirectory() as tmp:
@@ -159,7 +201,7 @@ def record(cmd, seconds: float, warm: float) -> list:
                     run.wait()
         out = subprocess.run(["perf", "script", "-i", str(data), "-F", "cpu,time,event,trace"],
                              capture_output=True, text=True, check=True)
-        return out.stdout.splitlines()
+        return out.stdout.splitlines(), run.pid
 
 
 def main(argv=None) -> int:
@@ -168,18 +210,21 @@ def main(argv=None) -> int:
                     "actors)")
     ap.add_argument("--warm", type=float, default=5.0, help="seconds from the command's start to the trace")
     ap.add_argument("--from", dest="source", help="read a saved `perf script -F cpu,time,event,trace` text instead")
+    ap.add_argument("--learner", type=int, help="with --from: the learner's pid (its main thread), for how it "
+                    "shares its core (a traced command's own pid is taken: train.py is the learner)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- the command to trace (default: 64 process actors)")
     a = ap.parse_args(argv)
     cmd = [x for x in a.command if x != "--"] or DEFAULT
+    learner = a.learner
     if a.source:
         lines = Path(a.source).read_text().splitlines()
     else:
         if a.seconds <= 0 or a.warm < 0:
             ap.error("--seconds must be > 0 and --warm >= 0")
-        lines = record(cmd, a.seconds, a.warm)
+        lines, learner = record(cmd, a.seconds, a.warm)
     try:
-        out = analyse(lines)
+        out = analyse(lines, learner)
     except ValueError as e:
         sys.exit(f"sched_trace: {e}")
     if a.json:
@@ -193,6 +238,11 @@ def main(argv=None) -> int:
           f"pulled there later: {out['moved_later_frac']:.1%}")
     print(f"  cores gone idle with tasks waiting elsewhere    {out['went_idle_with_tasks_waiting_elsewhere']}, "
           f"of which next ran one of those: {out['pulled_frac']:.1%}")
+    if "learner_run_s" in out:
+        print(f"  the learner's core taken while it could run     {out['learner_preempted']} times, "
+              f"{out['learner_preempted_per_run_s']:.0f} a second of its running, {out['learner_preempted_s_mean'] * 1e3:.2f} "
+              f"ms each ({out['learner_preempted_frac']:.1%} of its time); by a task of lower priority (the actors): "
+              f"{out['learner_preempted_by_lower']:.0%}")
     return 0
 
 

@@ -955,6 +955,34 @@ def test_sched_trace_reads_placements_pulls_and_idle_from_a_perf_trace():
         analyse(["perf noise"])
 
 
+def test_sched_trace_reads_how_the_learner_shares_its_core():
+    # the learner (task 10, nice 0: prio 120) runs on core 0 from 1.000; at 1.004 a waking actor (prio 139) takes the
+    # core while the learner could run (R) until 1.005; at 1.006 its own thread (prio 120) takes it until 1.008; at
+    # 1.010 the learner sleeps (S: not counted) and runs again on core 1 from 1.012 to 1.013
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from sched_trace import analyse, preemptions
+
+    sw = "sched_switch: prev_comm=x prev_pid={} prev_prio={} prev_state={} ==> next_comm=y next_pid={} next_prio={}"
+    trace = [
+        "[000] 1.000000: " + sw.format(0, 120, "R", 10, 120),
+        "[000] 1.004000: " + sw.format(10, 120, "R", 11, 139),
+        "[000] 1.005000: " + sw.format(11, 139, "S", 10, 120),
+        "[000] 1.006000: " + sw.format(10, 120, "R+", 12, 120),
+        "[000] 1.008000: " + sw.format(12, 120, "S", 10, 120),
+        "[000] 1.010000: " + sw.format(10, 120, "S", 0, 120),
+        "[001] 1.012000: " + sw.format(0, 120, "R", 10, 120),
+        "[001] 1.013000: " + sw.format(10, 120, "S", 0, 120),
+    ]
+    out = preemptions(trace, 10)
+    assert out["learner_run_s"] == pytest.approx(0.004 + 0.001 + 0.002 + 0.001)
+    assert out["learner_preempted"] == 2 and out["learner_preempted_by_lower"] == 0.5
+    assert out["learner_preempted_s_mean"] == pytest.approx(0.0015)
+    assert out["learner_preempted_frac"] == pytest.approx(0.003 / 0.011)
+    assert analyse(trace, 10)["learner_preempted"] == 2 and "learner_preempted" not in analyse(trace)
+    with pytest.raises(ValueError, match="never ran"):
+        preemptions(trace, 99)
+
+
 def test_three_cores_run_cpu_bound_actors_as_the_pool_does_and_draws_says_when_the_seed_matters():
     # six CPU-bound actors on three cores keep every core busy under either scheduler
     from laglab.sim import draws
