@@ -11,7 +11,9 @@ every CPU (``perf sched record``) and reads them back (``perf script``), then pr
 * each core's idle share, and its share idle while a task waited behind a running one on another core;
 * wake-ups that found their core busy and another idle, and how many the wake-up itself moved to another core
   (``Costs.wake_move_p``; a migration in the same instant as the waking) and how many were pulled there later;
-* cores that went idle while another had tasks waiting, and how many ran one of those next (a pull).
+* cores that went idle while another had tasks waiting, and how many ran one of those next (a pull);
+* how the learner (the traced command: train.py; ``--learner <pid>`` with ``--from``) shares its core: how often a
+  waking task took it while the learner could run, for how long, and how many of those were of lower priority.
 
 The run queues are rebuilt from ``sched_waking`` (a task joins its target core's queue), ``sched_migrate_task``
 (it moves) and ``sched_switch`` (a preempted task rejoins the queue; the next task leaves it). Needs ``perf``

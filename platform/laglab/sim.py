@@ -332,7 +332,9 @@ class _Cores:
     as PELT) to the one whose used the least, where that narrows the gap. The learner (priority 0) preempts an
     actor on the core it wakes on; the preempted actor waits first in that core's queue. ``idle_queued`` adds up
     core-seconds idle while a task waited on another core; ``placed``: wake-ups that found the home busy and a
-    core idle, and how many of them moved there."""
+    core idle, and how many of them moved there. Not modelled: a task waking on the learner's core takes it for a
+    moment (0.14-0.20 ms, 6-25% of the learner's time in traces here: reports/sim_validation/sched_trace.txt), which
+    update_s, the update's wall time, holds; a model with it was tried (ray_traces.txt, section 6) and not taken."""
 
     TICK_S = 0.004  # CONFIG_HZ=250: an idle core's balance
     BALANCE_TICKS = 8  # a busy core's periodic load balance: every 32 ms
