@@ -27,7 +27,7 @@ The calibration runs are at 6 and 24 actors (``--calibrate-on``): no cell's coun
 them past the cores' saturation, to show the growth of the actors' CPU per env step with their number that the model
 takes as ``crowding_s``. (At 2 actors this VM charges more CPU per step than at 8 — an idle machine's wake-ups — so
 2 and 8, the calibration until 2026-12-06, showed a growth one day and none the next. The counts were chosen that
-day while looking at the Ray cells 4-32: those cells are a development set; README.md says what was held out.)
+day while looking at the Ray cells 4-32: those cells are a development set; docs/simulator.md says what was held out.)
 
 ``--cross DIR`` predicts each cell of a cell-protocol --out DIR from every calibration made in it (one seed
 each): the spread a user who calibrated once, at another minute, would see.
