@@ -19,8 +19,8 @@ from typing import List
 import pandas as pd
 
 DATA, META = "scale.parquet", "scale.json"
-SATURATED = 0.95  # learner busy at least this: saturated
-KNEE = 1.1  # seed 004's throughput knee: an actor count still pays while SPS grows >= 10% over the previous count
+from laglab.sim import KNEE, SATURATED  # noqa: E402  (seed 004's throughput knee; a saturated learner: one rule,
+# for this study and `python -m laglab.sim --scan`)
 
 
 def is_scale_dir(p: str | Path) -> bool:

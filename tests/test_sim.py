@@ -242,6 +242,47 @@ def test_command_line_prints_one_json_object_and_refuses_bad_input_in_a_line():
     assert p.returncode == 0 and json.loads(p.stdout)["start_mean_s"] > 0.3, p.stderr
 
 
+def test_a_scan_finds_where_throughput_stops_paying_and_where_the_learner_saturates():
+    # closed forms on a cluster (a CPU each): an actor steps its 4 envs of 10 ms one after another, about 100 steps a
+    # second; the learner takes 0.25 s per batch of 256, so it caps the run at 1024 steps a second: 100 N up to 8
+    # actors, then 1024. The knee (each count >= 1.1x the previous one's SPS) is the last count that still paid
+    from laglab.sim import knee, saturated_at, scan
+
+    ovs = ["env=latency", "env.latency_ms=[10]", "learner.batch_size=256", "actor.max_lead_steps=null"]
+    rows = scan(ovs, [1, 2, 4, 8, 16, 32], Costs(update_s=0.25), cluster=True)
+    sps = [r["sps_steady"] for r in rows]
+    assert [r["cores"] for r in rows] == [2, 3, 5, 9, 17, 33]
+    assert sps[:4] == pytest.approx([100, 200, 400, 800], rel=0.05)
+    assert sps[4:] == pytest.approx([1024, 1024], rel=0.03)
+    assert knee(rows) == 16 and saturated_at(rows) == 16
+    assert all(r["total_env_steps"] >= max(200 * 256, 10 * r["actors"] * 128) for r in rows)  # (a steady state)
+    # a larger budget of the user's is kept; without --cluster every count shares the costs' cores; Ray's board
+    # takes a CPU of its own on a cluster
+    rows = scan([*ovs, "total_env_steps=60000"], [1, 2], Costs(update_s=0.25, cores=2))
+    assert [(r["cores"], r["total_env_steps"]) for r in rows] == [(2, 60000), (2, 60000)]
+    assert [r["cores"] for r in scan([*ovs, "runner=ray"], [2], Costs(update_s=0.25), cluster=True)] == [4]
+    # the rule is seed 004's as benchmarks/scale.py applies it: the largest count still paying, not the first to stop
+    fake = [{"actors": n, "sps_steady": s, "learner_utilization": u} for n, s, u in
+            ((1, 100.0, 0.1), (2, 200.0, 0.5), (4, 210.0, 0.96), (8, 260.0, 0.99))]
+    assert knee(fake) == 8 and saturated_at(fake) == 4 and knee(fake[:1]) == 1 and knee([]) is None
+
+
+def test_a_scan_on_the_command_line_prints_its_table_or_json_and_refuses_bad_counts():
+    base = ["env=latency", "env.latency_ms=[10]", "learner.batch_size=256", "actor.max_lead_steps=null", "--cost",
+            "update_s=0.25"]
+    p = _cli(*base, "actors=3", "--scan", "1,2", "--cluster", "--json")
+    assert p.returncode == 0 and "actors=3 is not used" in p.stderr, p.stderr
+    out = json.loads(p.stdout)
+    assert [r["actors"] for r in out["rows"]] == [1, 2] and out["knee"] == 2 and out["saturated_at"] is None
+    assert out["rows"][1]["sps_steady"] == pytest.approx(200, rel=0.05) and out["cluster"] is True
+    p = _cli(*base, "--scan", "1,2")
+    assert p.returncode == 0 and "throughput still pays at N = 2" in p.stdout and "not saturated" in p.stdout, p.stdout
+    for args, says in ((["--scan", "4,2"], "increasing order"), (["--scan", "0,1"], "integers >= 1"),
+                       (["--scan", "1,two"], "actor counts expected"), (["--cluster"], "--cluster goes with --scan")):
+        p = _cli(*base, *args)
+        assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
+
+
 def test_the_model_calibrated_on_one_real_run_predicts_another():
     # a small version of the validation (benchmarks: the full one, on a quiet machine): calibrate on a real run of
     # 2 latency-env actors, predict it and a run of 8. Wide bounds, that still fail if the model is off by 2x

@@ -1409,6 +1409,100 @@ def crowding_fit(points: Sequence[Tuple[float, float]]) -> Optional[Tuple[float,
     return float(at_zero), float(slope)
 
 
+# ---- a scan over actor counts: where throughput stops paying ------------------------------------------------------
+KNEE = 1.1  # seed 004's throughput knee: a count still pays while the steady SPS grows >= 10% over the previous one
+SATURATED = 0.95  # a learner busy at least this share of the time is saturated
+SCAN_COLUMNS = ("sps_steady", "learner_utilization", "lag_mean", "lag_p95", "age_s_mean", "queue_depth_mean",
+                "kept_fraction", "board_utilization", "actor_cpu_wait_frac")
+
+
+def parse_counts(text: str) -> List[int]:
+    """``1,2,4,...``: actor counts for :func:`scan`, each an integer >= 1, in increasing order."""
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SimError(f"--scan {text!r}: actor counts expected, integers >= 1 separated by commas, e.g. "
+                       "--scan 1,2,4,8,16") from None
+    if not counts or any(n < 1 for n in counts) or any(b <= a for a, b in zip(counts, counts[1:])):
+        raise SimError(f"--scan {text!r}: actor counts must be integers >= 1 in increasing order, e.g. "
+                       "--scan 1,2,4,8,16")
+    return counts
+
+
+def scan(overrides: Sequence[str], counts: Sequence[int], costs: Costs, latency: Optional[Latency] = None,
+         seed: int = 0, sched: str = "cores", cluster: bool = False) -> List[Dict[str, object]]:
+    """The model at each actor count, the overrides otherwise as given (a later ``actors=N`` wins, as in Hydra).
+    Each count's budget is raised where needed to at least 10 rollouts per actor and 200 batches, so its steady
+    rate is past the start (``total_env_steps`` in each row says what ran). ``cluster``: the learner and every
+    actor (and Ray's snapshot board) on a CPU of its own, as on a cluster of one-CPU slots (``costs.cores`` is
+    ignored); else every count shares ``costs.cores``. A row per count: its actors, cores, budget and the
+    model's :data:`SCAN_COLUMNS`."""
+    rows = []
+    for n in counts:
+        cfg = compose([*overrides, f"actors={n}"])
+        steady = max(10 * n * cfg.actor.envs_per_actor * cfg.actor.rollout_len, 200 * cfg.learner.batch_size)
+        if cfg.total_env_steps < steady:
+            cfg = compose([*overrides, f"actors={n}", f"total_env_steps={steady}"])
+        board = 1 if cfg.runner.name.value == "ray" else 0
+        c = dataclasses.replace(costs, cores=float(n + 1 + board)) if cluster else costs
+        out = simulate(cfg, c, latency, seed=seed, sched=sched)
+        rows.append({"actors": n, "cores": c.cores, "total_env_steps": int(cfg.total_env_steps),
+                     **{k: out[k] for k in SCAN_COLUMNS}})
+    return rows
+
+
+def knee(rows: Sequence[Dict[str, object]]) -> Optional[int]:
+    """Seed 004's throughput knee over a scan's rows (in increasing counts): the largest count whose steady SPS is
+    still at least :data:`KNEE` x the previous count's (the first count where no later one pays); None without a
+    row."""
+    best = None
+    for i, r in enumerate(rows):
+        if i == 0 or float(r["sps_steady"]) >= KNEE * float(rows[i - 1]["sps_steady"]):
+            best = int(r["actors"])
+    return best
+
+
+def saturated_at(rows: Sequence[Dict[str, object]]) -> Optional[int]:
+    """The smallest count of a scan at which the learner is busy :data:`SATURATED` of the time or more (None:
+    never in the scan)."""
+    return next((int(r["actors"]) for r in rows if float(r["learner_utilization"]) >= SATURATED), None)
+
+
+def scan_lines(rows: Sequence[Dict[str, object]]) -> List[str]:
+    """A scan as a table and what it says (see :func:`knee`, :func:`saturated_at`)."""
+    ray = any(math.isfinite(float(r["board_utilization"])) for r in rows)
+    head = (f"{'actors':>7} {'cores':>6} {'steps':>11} {'steady SPS':>11} {'learner':>8} {'lag mean':>9} "
+            f"{'lag p95':>8} {'data age':>9} {'kept':>6} {'cpu wait':>9}" + (f" {'board':>6}" if ray else ""))
+    out = [head]
+    for r in rows:
+        age = float(r["age_s_mean"])
+        out.append(f"{r['actors']:>7} {float(r['cores']):>6g} {r['total_env_steps']:>11,} {float(r['sps_steady']):>11,.0f} "
+                   f"{float(r['learner_utilization']):>8.0%} {float(r['lag_mean']):>9.3g} {float(r['lag_p95']):>8.3g} "
+                   f"{(('-' if not math.isfinite(age) else f'{age:.3g} s' if age >= 1 else f'{age * 1e3:.3g} ms')):>9} {float(r['kept_fraction']):>6.0%} "
+                   f"{float(r['actor_cpu_wait_frac']):>9.1%}" + (f" {float(r['board_utilization']):>6.0%}" if ray else ""))
+    k, sat = knee(rows), saturated_at(rows)
+    at = next(r for r in rows if r["actors"] == k)
+    last = rows[-1]
+    if k == last["actors"] and len(rows) > 1:
+        out.append(f"throughput still pays at N = {k} (>= {KNEE:g}x the previous count's steady SPS): scan further")
+    else:
+        out.append(f"throughput stops paying past N = {k} (each later count adds less than {KNEE - 1:.0%}): "
+                   f"{float(at['sps_steady']):,.0f} steady SPS, mean lag {float(at['lag_mean']):.3g} versions "
+                   f"(p95 {float(at['lag_p95']):.3g}); at N = {last['actors']}: {float(last['sps_steady']):,.0f} SPS, "
+                   f"mean lag {float(last['lag_mean']):.3g}")
+    out.append(f"the learner saturates (>= {SATURATED:.0%} busy) by N = {sat}" if sat is not None else
+               f"the learner is not saturated at N = {last['actors']} (at most "
+               f"{max(float(r['learner_utilization']) for r in rows):.0%} busy)")
+    crowded = next((r for r in rows if float(r["actor_cpu_wait_frac"]) >= 0.10), None)
+    if crowded is not None and sat is None:
+        out.append(f"from N = {crowded['actors']} the actors wait for a core {float(crowded['actor_cpu_wait_frac']):.0%} "
+                   f"of their time or more: the cores, not the learner, set the pace (--cluster: a CPU each)")
+    out.append("seed 004's rule also wants KL(behavior || current) within 0.01-0.03 at that lag: the model has no "
+               "KL (it depends on the policy); read it from a lag-cost study of your env (benchmarks/scale.py maps "
+               "the committed ones)")
+    return out
+
+
 # ---- command line ------------------------------------------------------------------------------------------
 def compose(overrides: Sequence[str]) -> Config:
     """The config train.py would run with these overrides (the same Hydra composition and checks)."""
@@ -1418,6 +1512,34 @@ def compose(overrides: Sequence[str]) -> Config:
         return compose_config(overrides)
     except ConfigError as e:
         raise SimError(str(e)) from None
+
+
+def _print_scan(args, costs: Costs, latency: Optional[Latency], calibrated) -> int:
+    """``--scan``: the rows (a table, or JSON with the knee and the saturation) and any count beyond the
+    calibration's crowding (a warning each)."""
+    counts = parse_counts(args.scan)
+    given = [o for o in args.overrides if o.split("=", 1)[0].lstrip("+~") == "actors"]
+    if given:
+        print(f"laglab.sim: note: --scan sets the actor count; {' '.join(given)} is not used", file=sys.stderr)
+    overrides = [o for o in args.overrides if o not in given]
+    rows = scan(overrides, counts, costs, latency, seed=args.seed, sched=args.sched, cluster=args.cluster)
+    for r in rows:
+        beyond = None if args.cluster else beyond_calibration(compose([*overrides, f"actors={r['actors']}"]), costs,
+                                                              calibrated)
+        if beyond:
+            print(f"laglab.sim: warning: {beyond}", file=sys.stderr)
+    if args.json:
+        clean = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()} for r in rows]
+        print(json.dumps({"rows": clean, "knee": knee(rows), "saturated_at": saturated_at(rows),
+                          "cluster": bool(args.cluster)}))
+        return 0
+    cfg = compose([*overrides, f"actors={counts[0]}"])
+    where = "each actor and the learner on a CPU of its own" if args.cluster else f"{costs.cores:g} cores shared"
+    print(f"{cfg.env.id}, runner={cfg.runner.name.value}, {cfg.actor.envs_per_actor} envs x {cfg.actor.rollout_len} "
+          f"steps a rollout, batch {cfg.learner.batch_size}; {where}")
+    for line in scan_lines(rows):
+        print(line)
+    return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -1435,8 +1557,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     "keeps them (default), or one pool any waiting task takes the first free core of")
     ap.add_argument("--calibrate", nargs="+", metavar="RUN_DIR", help="print the costs measured from real runs")
     ap.add_argument("--out", help="--calibrate: also write the costs to this file (for --costs)")
+    ap.add_argument("--scan", metavar="N1,N2,...", help="run the model at each of these actor counts (increasing) "
+                    "and say where throughput stops paying (seed 004's knee: each count >= 1.1x the previous count's "
+                    "steady SPS) and where the learner saturates")
+    ap.add_argument("--cluster", action="store_true", help="--scan: the learner and every actor (and Ray's board) "
+                    "on a CPU of its own, as on a cluster (else every count shares costs.cores)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)  # (overrides before, after or between the options)
+    if args.cluster and not args.scan:
+        ap.error("--cluster goes with --scan (a single prediction takes --cost cores=N)")
+    if args.scan and args.calibrate:
+        ap.error("--scan predicts and --calibrate measures: one at a time")
     try:
         if args.calibrate:
             text = json.dumps(calibrate(args.calibrate), indent=1)
@@ -1462,6 +1593,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 raise SimError(f"--cost {kv}: NAME=SECONDS expected, e.g. --cost update_s=0.012") from None
         costs = Costs.from_dict(given) if args.cost else costs
         latency = Latency.parse(args.latency) if args.latency else None
+        if args.scan:
+            return _print_scan(args, costs, latency, calibrated)
         cfg = compose(args.overrides)
         out = simulate(cfg, costs, latency, seed=args.seed, sched=args.sched)
         beyond = beyond_calibration(cfg, costs, calibrated)
@@ -1486,3 +1619,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
