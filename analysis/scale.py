@@ -19,8 +19,7 @@ from typing import List
 import pandas as pd
 
 DATA, META = "scale.parquet", "scale.json"
-from laglab.sim import KNEE, SATURATED  # noqa: E402  (seed 004's throughput knee; a saturated learner: one rule,
-# for this study and `python -m laglab.sim --scan`)
+SATURATED = 0.95  # learner busy at least this: saturated (laglab.sim.SATURATED, the --scan's: a test keeps them one)
 
 
 def is_scale_dir(p: str | Path) -> bool:
@@ -46,8 +45,10 @@ def findings(df: pd.DataFrame, kl_max: float) -> List[str]:
         rec = "no KL map (no lag-cost study for this env)"
         if g["kl_pred"].notna().all():
             ok = g[(g["kl_pred"] <= kl_max) & ~g["kl_extrapolated"]]  # (no claim beyond the lags measured)
-            gain = g["sps"] / g["sps"].shift(1)
-            knee = g[(gain >= KNEE) | gain.isna()]
+            from laglab.sim import pays  # (seed 004's knee, as `python -m laglab.sim --scan` applies it)
+
+            n, sps = g["actors"].tolist(), g["sps"].tolist()
+            knee = g[[i == 0 or pays(n[i - 1], sps[i - 1], n[i], sps[i]) for i in range(len(g))]]
             both = sorted(set(ok["actors"]) & set(knee["actors"]))
             rec = f"seed 004's rule recommends N = {both[-1]}" if both else "no N in range meets seed 004's rule"
         out.append(f"{preset}: {where}; {rec}")

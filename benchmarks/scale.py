@@ -21,8 +21,9 @@ Seed 004's rule: grow the actor count while throughput still pays and the policy
 within its band (< 0.01 fine, 0.01-0.03 watch, > 0.03 too stale). KL is not in the model (it depends on the
 policy): it comes from the lag-cost studies, which measured KL at each fixed lag at the tuned step size
 (``--kl env_id=reports/<study>``), interpolated in log2(1 + lag). The recommendation is the largest N whose
-predicted KL at its mean lag is <= --kl-max (default 0.03) and whose SPS is still >= 1.1x the previous N's (the
-knee); presets without a study say so.
+predicted KL at its mean lag is <= --kl-max (default 0.03) and whose SPS grew from the previous N's by >= 1.1x per
+doubling of the actors (the knee: laglab.sim.pays, as ``python -m laglab.sim --scan`` has it); presets without a study
+say so.
 """
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = [sys.executable, "train.py", "env=latency", "env.latency_ms=[2]", "actors=64", "total_env_steps=400000",
@@ -139,15 +139,17 @@ def analyse(lines: Iterable[str], learner: Optional[int] = None) -> Dict[str, fl
 
 def preemptions(lines: Iterable[str], learner: int) -> Dict[str, float]:
     """How the learner's thread shares its core: each time it left its core still runnable (``prev_state=R``: a
-    waking task took the core) until it ran again. ``learner_preempted_frac``: that time's share of the learner's
-    own run time plus it; ``learner_preempted_by_lower``: the share of those taken by a task of lower priority
-    (a higher nice: the actors at 15 or 19, which laglab.sim's cores let the learner hold off for its whole burst).
-    2026-12-07, this VM (reports/sim_validation/sched_trace.txt): 8 Ray workers, 0.14 ms each, 24% of the learner's
-    time, 39% of them by the nice-15 workers; 16 process actors, 0.28 ms each, 6.9%, 60% by the nice-19 actors."""
-    ran = gone = 0.0
-    on: Dict[int, float] = {}  # core -> since when the learner runs there
-    out_at = None  # when it left its core runnable
-    count = lower = 0
+    waking task took the core) until it ran again, on whichever core. ``learner_preempted_frac``: that time's share
+    of the learner's own run time plus it; ``learner_preempted_by_lower``: the share of those taken by a task of
+    lower priority (a higher nice: the actors at 15 or 19, Ray's board at 15; laglab.sim's cores let the learner
+    hold them off for its whole burst). Only gaps the trace holds whole count: one open at its end is left out, and
+    so is a run whose start the trace missed (a missed switch-in ends at the next switch-out seen). Figures on this
+    machine: reports/sim_validation/sched_trace.txt."""
+    ran = 0.0
+    gaps: List[float] = []
+    lower: List[bool] = []  # per gap: whether a task of lower priority took the core
+    running = None  # (core, since) while the learner runs: one at a time
+    out = None  # (when it left its core runnable, whether to a task of lower priority)
     for line in lines:
         m = LINE.match(line)
         if not m or m[3] != "sched_switch":
@@ -155,24 +157,27 @@ def preemptions(lines: Iterable[str], learner: int) -> Dict[str, float]:
         cpu, t = int(m[1]), float(m[2])
         before, _, after = m[4].partition("==>")
         kp, kn = dict(KV.findall(before)), dict(KV.findall(after))
-        if int(kp.get("prev_pid", -1)) == learner and cpu in on:
-            ran += t - on.pop(cpu)
-            if kp.get("prev_state", "").startswith("R"):
-                out_at = t
-                count += 1
-                lower += int(kn.get("next_prio", 0)) > int(kp.get("prev_prio", 0))
+        if int(kp.get("prev_pid", -1)) == learner:
+            if running is not None and running[0] == cpu:
+                ran += t - running[1]
+                if kp.get("prev_state", "").startswith("R"):
+                    out = (t, int(kn.get("next_prio", 0)) > int(kp.get("prev_prio", 0)))
+            running = None
         if int(kn.get("next_pid", -1)) == learner:
-            on[cpu] = t
-            if out_at is not None:
-                gone += t - out_at
-                out_at = None
+            running = (cpu, t)
+            if out is not None:
+                gaps.append(t - out[0])
+                lower.append(out[1])
+                out = None
     if ran <= 0:
         raise ValueError(f"the learner's thread {learner} never ran in the trace")
-    return {"learner_run_s": ran, "learner_preempted": count,
-            "learner_preempted_per_run_s": count / ran,
-            "learner_preempted_s_mean": gone / count if count else float("nan"),
+    gone = sum(gaps)
+    return {"learner_run_s": ran, "learner_preempted": len(gaps),
+            "learner_preempted_per_run_s": len(gaps) / ran,
+            "learner_preempted_s_mean": gone / len(gaps) if gaps else float("nan"),
+            "learner_preempted_s_max": max(gaps) if gaps else float("nan"),
             "learner_preempted_frac": gone / (ran + gone),
-            "learner_preempted_by_lower": lower / count if count else float("nan")}
+            "learner_preempted_by_lower": sum(lower) / len(lower) if lower else float("nan")}
 
 
 def record(cmd, seconds: float, warm: float) -> Tuple[list, int]:
@@ -212,8 +217,8 @@ def main(argv=None) -> int:
                     "actors)")
     ap.add_argument("--warm", type=float, default=5.0, help="seconds from the command's start to the trace")
     ap.add_argument("--from", dest="source", help="read a saved `perf script -F cpu,time,event,trace` text instead")
-    ap.add_argument("--learner", type=int, help="with --from: the learner's pid (its main thread), for how it "
-                    "shares its core (a traced command's own pid is taken: train.py is the learner)")
+    ap.add_argument("--learner", type=int, help="the learner's pid (its main thread), for how it shares its core "
+                    "(default for a traced command: its own pid, train.py's; with --from: none)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- the command to trace (default: 64 process actors)")
     a = ap.parse_args(argv)
@@ -224,11 +229,20 @@ def main(argv=None) -> int:
     else:
         if a.seconds <= 0 or a.warm < 0:
             ap.error("--seconds must be > 0 and --warm >= 0")
-        lines, learner = record(cmd, a.seconds, a.warm)
+        lines, pid = record(cmd, a.seconds, a.warm)
+        learner = a.learner if a.learner is not None else pid
     try:
-        out = analyse(lines, learner)
+        out = analyse(lines)
     except ValueError as e:
         sys.exit(f"sched_trace: {e}")
+    if learner is not None:
+        try:
+            out.update(preemptions(lines, learner))
+        except ValueError as e:
+            if a.learner is not None:
+                sys.exit(f"sched_trace: {e}")
+            print(f"sched_trace: note: the traced command's pid {learner} never ran (a wrapper that starts the "
+                  "learner?): no learner figures; give --learner <the learner's pid>", file=sys.stderr)
     if a.json:
         print(json.dumps(out))
         return 0
@@ -243,8 +257,8 @@ def main(argv=None) -> int:
     if "learner_run_s" in out:
         print(f"  the learner's core taken while it could run     {out['learner_preempted']} times, "
               f"{out['learner_preempted_per_run_s']:.0f} a second of its running, {out['learner_preempted_s_mean'] * 1e3:.2f} "
-              f"ms each ({out['learner_preempted_frac']:.1%} of its time); by a task of lower priority (the actors): "
-              f"{out['learner_preempted_by_lower']:.0%}")
+              f"ms each, at most {out['learner_preempted_s_max'] * 1e3:.2f} ({out['learner_preempted_frac']:.1%} of its "
+              f"time); by a task of lower priority (the actors, Ray's board): {out['learner_preempted_by_lower']:.0%}")
     return 0
 
 

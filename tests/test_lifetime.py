@@ -627,31 +627,49 @@ def test_process_runner_is_refused_where_stores_are_not_kept_in_order(monkeypatc
 
 
 _LOCAL_INSTANCE = """
-import os, sys
+import os, signal, sys
 sys.path.insert(0, sys.argv[1])
 import ray
 from laglab.runners import ray as R
-with R.local_instance(num_cpus=1):
-    session = ray._private.worker._global_node.get_session_dir_path()
-    print(session, os.path.isdir(session), flush=True)
-    @ray.remote
-    def one():
-        return os.getpid()
-    print(ray.get(one.remote()), flush=True)
+mine = lambda s, f: None
+signal.signal(signal.SIGTERM, mine)
+try:
+    with R.local_instance(num_cpus=1):
+        session = ray._private.worker._global_node.get_session_dir_path()
+        @ray.remote
+        def one():
+            return os.getpid()
+        print(session, os.path.isdir(session), ray.get(one.remote()), flush=True)
+        if sys.argv[2] == "nested":  # a second one while this one runs: refused, this one left running
+            try:
+                with R.local_instance():
+                    pass
+            except RuntimeError:
+                print("refused", ray.is_initialized(), flush=True)
+        if sys.argv[2] == "raise":
+            raise KeyError("the body failed")
+except KeyError:
+    print("raised", flush=True)
+print("handler", signal.getsignal(signal.SIGTERM) is mine, flush=True)
 """
 
 
-def test_a_tools_local_ray_instance_leaves_nothing(tmp_path):
+@pytest.mark.parametrize("how", ["ok", "raise", "nested"])
+def test_a_tools_local_ray_instance_leaves_nothing(tmp_path, how):
     """benchmarks/throughput.py's Ray path (laglab.runners.ray.local_instance): the session in a directory of
-    laglab's, as a run's, and nothing of it left after (a plain ray.init kept it in $TMPDIR/ray for good)."""
+    laglab's, as a run's, and nothing of it left after, however its body ends (a plain ray.init kept it in
+    $TMPDIR/ray for good); the process's SIGTERM handler is its own again; inside another it is refused without
+    shutting down the one that runs."""
     pytest.importorskip("ray")
     env = dict(os.environ, TMPDIR=str(tmp_path))
     env.pop("RAY_TMPDIR", None)
-    p = subprocess.run([sys.executable, "-c", _LOCAL_INSTANCE, str(ROOT / "platform")], capture_output=True,
+    p = subprocess.run([sys.executable, "-c", _LOCAL_INSTANCE, str(ROOT / "platform"), how], capture_output=True,
                        text=True, timeout=180, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
-    session, made, worker = p.stdout.split()[:3]
+    lines = p.stdout.splitlines()
+    session, made, worker = lines[0].split()
     assert made == "True" and os.path.basename(os.path.dirname(session)).startswith("laglab-ray-"), session
+    assert lines[1:] == {"ok": [], "raise": ["raised"], "nested": ["refused True"]}[how] + ["handler True"], lines
     assert not os.path.exists(os.path.dirname(session)), "the instance's directory outlived it"
     assert not (tmp_path / "ray").exists() and not os.path.exists(f"/proc/{worker}"), list(tmp_path.iterdir())
 

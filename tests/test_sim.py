@@ -246,7 +246,7 @@ def test_a_scan_finds_where_throughput_stops_paying_and_where_the_learner_satura
     # closed forms on a cluster (a CPU each): an actor steps its 4 envs of 10 ms one after another, about 100 steps a
     # second; the learner takes 0.25 s per batch of 256, so it caps the run at 1024 steps a second: 100 N up to 8
     # actors, then 1024. The knee (each count >= 1.1x the previous one's SPS) is the last count that still paid
-    from laglab.sim import knee, saturated_at, scan
+    from laglab.sim import knee, saturated_at, scan, scan_verdict
 
     ovs = ["env=latency", "env.latency_ms=[10]", "learner.batch_size=256", "actor.max_lead_steps=null"]
     rows = scan(ovs, [1, 2, 4, 8, 16, 32], Costs(update_s=0.25), cluster=True)
@@ -260,11 +260,37 @@ def test_a_scan_finds_where_throughput_stops_paying_and_where_the_learner_satura
     # takes a CPU of its own on a cluster
     rows = scan([*ovs, "total_env_steps=60000"], [1, 2], Costs(update_s=0.25, cores=2))
     assert [(r["cores"], r["total_env_steps"]) for r in rows] == [(2, 60000), (2, 60000)]
-    assert [r["cores"] for r in scan([*ovs, "runner=ray"], [2], Costs(update_s=0.25), cluster=True)] == [4]
+    ray = [*ovs, "runner=ray", "total_env_steps=20000"]
+    assert [r["cores"] for r in scan(ray, [2], Costs(update_s=0.25, board_cpu_s=1e-4), cluster=True)] == [4]
+    assert [r["cores"] for r in scan(ray, [2], Costs(update_s=0.25), cluster=True)] == [3]  # (no board cost: no CPU)
+    # on a cluster Ray's other processes' CPU per call runs on the workers' nodes, beside them (as scale.py has it)
+    busy = scan(ray, [2], Costs(update_s=0.25, call_cpu_s=0.05), cluster=True)[0]
+    assert busy["actor_cpu_wait_frac"] == 0.0
     # the rule is seed 004's as benchmarks/scale.py applies it: the largest count still paying, not the first to stop
     fake = [{"actors": n, "sps_steady": s, "learner_utilization": u} for n, s, u in
             ((1, 100.0, 0.1), (2, 200.0, 0.5), (4, 210.0, 0.96), (8, 260.0, 0.99))]
     assert knee(fake) == 8 and saturated_at(fake) == 4 and knee(fake[:1]) == 1 and knee([]) is None
+    # per doubling, so the grid does not decide: linear throughput over counts one apart still pays at 20 (a
+    # fixed 1.1x a step would stop at 11, where 12/11 < 1.1); a 4x step that adds 10% does not pay
+    linear = [{"actors": n, "sps_steady": 100.0 * n, "learner_utilization": 0.1} for n in range(1, 21)]
+    assert knee(linear) == 20 and scan_verdict(linear)["scan_further"]
+    quad = [{"actors": n, "sps_steady": s, "learner_utilization": 0.5} for n, s in ((16, 1000.0), (64, 1100.0))]
+    assert knee(quad) == 16 and not scan_verdict(quad)["scan_further"]
+    # a knee step that grew the SPS less than the actors: the knee lies between the two counts
+    coarse = [{"actors": n, "sps_steady": s, "learner_utilization": u} for n, s, u in
+              ((16, 1000.0, 0.3), (64, 1800.0, 0.97), (256, 1800.0, 1.0))]
+    v = scan_verdict(coarse)
+    assert v == {"knee": 64, "scan_further": False, "knee_between": [16, 64], "saturated_at": 64}
+    # benchmarks/scale.py's study applies the same rule (its findings call laglab.sim.pays)
+    import pandas as pd
+    sys.path.insert(0, str(ROOT))
+    from analysis import scale as scale_report
+    from laglab.sim import SATURATED
+    df = pd.DataFrame([{"preset": "p", "actors": r["actors"], "sps": r["sps_steady"], "learner_util": 0.5,
+                        "kl_pred": 0.0, "kl_extrapolated": False} for r in linear[:12]])
+    assert scale_report.findings(df, 0.03) == ["p: the learner is not saturated at N = 12; seed 004's rule recommends "
+                                               "N = 12"]
+    assert scale_report.SATURATED == SATURATED
 
 
 def test_a_scan_on_the_command_line_prints_its_table_or_json_and_refuses_bad_counts():
@@ -274,11 +300,13 @@ def test_a_scan_on_the_command_line_prints_its_table_or_json_and_refuses_bad_cou
     assert p.returncode == 0 and "actors=3 is not used" in p.stderr, p.stderr
     out = json.loads(p.stdout)
     assert [r["actors"] for r in out["rows"]] == [1, 2] and out["knee"] == 2 and out["saturated_at"] is None
+    assert out["scan_further"] is True and out["rows"][0]["beyond_calibration"] is None
     assert out["rows"][1]["sps_steady"] == pytest.approx(200, rel=0.05) and out["cluster"] is True
     p = _cli(*base, "--scan", "1,2")
     assert p.returncode == 0 and "throughput still pays at N = 2" in p.stdout and "not saturated" in p.stdout, p.stdout
     for args, says in ((["--scan", "4,2"], "increasing order"), (["--scan", "0,1"], "integers >= 1"),
-                       (["--scan", "1,two"], "actor counts expected"), (["--cluster"], "--cluster goes with --scan")):
+                       (["--scan", "1,two"], "actor counts expected"), (["--cluster"], "--cluster goes with --scan"),
+                       (["--scan", "16"], "at least two actor counts")):
         p = _cli(*base, *args)
         assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
 
@@ -1017,11 +1045,29 @@ def test_sched_trace_reads_how_the_learner_shares_its_core():
     out = preemptions(trace, 10)
     assert out["learner_run_s"] == pytest.approx(0.004 + 0.001 + 0.002 + 0.001)
     assert out["learner_preempted"] == 2 and out["learner_preempted_by_lower"] == 0.5
-    assert out["learner_preempted_s_mean"] == pytest.approx(0.0015)
+    assert out["learner_preempted_s_mean"] == pytest.approx(0.0015) and out["learner_preempted_s_max"] == pytest.approx(0.002)
     assert out["learner_preempted_frac"] == pytest.approx(0.003 / 0.011)
     assert analyse(trace, 10)["learner_preempted"] == 2 and "learner_preempted" not in analyse(trace)
     with pytest.raises(ValueError, match="never ran"):
         preemptions(trace, 99)
+    # only what the trace holds whole: it starts with the learner running (its first switch-out, at 2.002, has no
+    # switch-in before it: neither run time nor a gap), a gap that begins on core 0 ends on core 1 (2.003-2.005),
+    # a switch-out lost on core 1 (the learner shows up on core 0 at 2.009 while core 1 still "runs" it: that run is
+    # not counted), and the trace ends with the learner preempted (2.012: an open gap, left out)
+    edge = [
+        "[000] 2.002000: " + sw.format(10, 120, "R", 11, 139),
+        "[001] 2.003000: " + sw.format(0, 120, "R", 10, 120),
+        "[001] 2.004000: " + sw.format(10, 120, "R", 11, 139),
+        "[000] 2.005000: " + sw.format(11, 139, "S", 10, 120),
+        "[000] 2.006000: " + sw.format(10, 120, "S", 0, 120),
+        "[001] 2.007000: " + sw.format(0, 120, "R", 10, 120),
+        "[000] 2.009000: " + sw.format(0, 120, "R", 10, 120),
+        "[000] 2.012000: " + sw.format(10, 120, "R", 12, 139),
+    ]
+    out = preemptions(edge, 10)
+    assert out["learner_run_s"] == pytest.approx(0.001 + 0.001 + 0.003)
+    assert out["learner_preempted"] == 1 and out["learner_preempted_s_mean"] == pytest.approx(0.001)
+    assert out["learner_preempted_by_lower"] == 1.0
 
 
 def test_three_cores_run_cpu_bound_actors_as_the_pool_does_and_draws_says_when_the_seed_matters():

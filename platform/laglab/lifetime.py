@@ -364,7 +364,8 @@ def _leave_dead_ray(path: str, name: str) -> None:
                  kept)
 
 
-BEFORE_REMOVAL = {RAY_PREFIX: _leave_dead_ray}  # what a sweep does first with a dead owner's directory, by its kind
+BEFORE_REMOVAL = {RAY_PREFIX: lambda path, name: _leave_dead_ray(path, name)}  # what a sweep does first with a
+# dead owner's directory, by its kind (looked up when called: a test may replace the function)
 
 
 def sweep_dirs(prefix: str, base: Optional[str] = None) -> List[str]:

@@ -333,7 +333,7 @@ class _Cores:
     actor on the core it wakes on; the preempted actor waits first in that core's queue. ``idle_queued`` adds up
     core-seconds idle while a task waited on another core; ``placed``: wake-ups that found the home busy and a
     core idle, and how many of them moved there. Not modelled: a task waking on the learner's core takes it for a
-    moment (0.14-0.20 ms, 6-25% of the learner's time in traces here: reports/sim_validation/sched_trace.txt), which
+    moment (0.11-0.20 ms, 4-25% of the learner's time in traces here: reports/sim_validation/sched_trace.txt), which
     update_s, the update's wall time, holds; a model with it was tried (ray_traces.txt, section 6) and not taken."""
 
     TICK_S = 0.004  # CONFIG_HZ=250: an idle core's balance
@@ -1410,54 +1410,67 @@ def crowding_fit(points: Sequence[Tuple[float, float]]) -> Optional[Tuple[float,
 
 
 # ---- a scan over actor counts: where throughput stops paying ------------------------------------------------------
-KNEE = 1.1  # seed 004's throughput knee: a count still pays while the steady SPS grows >= 10% over the previous one
+KNEE = 1.1  # seed 004's throughput knee: more actors still pay while the steady SPS grows >= 10% per doubling of them
 SATURATED = 0.95  # a learner busy at least this share of the time is saturated
 SCAN_COLUMNS = ("sps_steady", "learner_utilization", "lag_mean", "lag_p95", "age_s_mean", "queue_depth_mean",
                 "kept_fraction", "board_utilization", "actor_cpu_wait_frac")
 
 
+def pays(n_a: float, sps_a: float, n_b: float, sps_b: float) -> bool:
+    """Whether going from ``n_a`` actors to ``n_b`` still pays by seed 004's knee: the steady SPS grows at least
+    :data:`KNEE` per doubling of the actors (``KNEE ** log2(n_b / n_a)``), so the rule reads the same on a grid of
+    doublings, of single steps (the seed's own: add workers one at a time) or of 4x steps."""
+    return sps_b >= sps_a * KNEE ** math.log2(n_b / n_a)
+
+
 def parse_counts(text: str) -> List[int]:
-    """``1,2,4,...``: actor counts for :func:`scan`, each an integer >= 1, in increasing order."""
+    """``1,2,4,...``: actor counts for :func:`scan`, at least two, each an integer >= 1, in increasing order."""
     try:
         counts = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise SimError(f"--scan {text!r}: actor counts expected, integers >= 1 separated by commas, e.g. "
                        "--scan 1,2,4,8,16") from None
-    if not counts or any(n < 1 for n in counts) or any(b <= a for a, b in zip(counts, counts[1:])):
-        raise SimError(f"--scan {text!r}: actor counts must be integers >= 1 in increasing order, e.g. "
-                       "--scan 1,2,4,8,16")
+    if len(counts) < 2 or any(n < 1 for n in counts) or any(b <= a for a, b in zip(counts, counts[1:])):
+        raise SimError(f"--scan {text!r}: at least two actor counts, integers >= 1 in increasing order, e.g. "
+                       "--scan 1,2,4,8,16 (one count: leave out --scan)")
     return counts
 
 
 def scan(overrides: Sequence[str], counts: Sequence[int], costs: Costs, latency: Optional[Latency] = None,
-         seed: int = 0, sched: str = "cores", cluster: bool = False) -> List[Dict[str, object]]:
+         seed: int = 0, sched: str = "cores", cluster: bool = False,
+         calibrated: Optional[Sequence[float]] = None) -> List[Dict[str, object]]:
     """The model at each actor count, the overrides otherwise as given (a later ``actors=N`` wins, as in Hydra).
     Each count's budget is raised where needed to at least 10 rollouts per actor and 200 batches, so its steady
     rate is past the start (``total_env_steps`` in each row says what ran). ``cluster``: the learner and every
-    actor (and Ray's snapshot board) on a CPU of its own, as on a cluster of one-CPU slots (``costs.cores`` is
-    ignored); else every count shares ``costs.cores``. A row per count: its actors, cores, budget and the
-    model's :data:`SCAN_COLUMNS`."""
+    actor (and Ray's snapshot board, where it has a cost) on a CPU of its own, as on a cluster of one-CPU slots
+    (``costs.cores`` is not used), and Ray's other processes' CPU per call (``call_cpu_s``) left out: on a cluster
+    it runs on the workers' nodes, beside them (as ``benchmarks/scale.py`` has it); else every count shares
+    ``costs.cores``. A row per count: its actors, cores, budget, the model's :data:`SCAN_COLUMNS` and
+    ``beyond_calibration`` (:func:`beyond_calibration`'s warning, from the costs file's ``calibrated``)."""
     rows = []
     for n in counts:
         cfg = compose([*overrides, f"actors={n}"])
         steady = max(10 * n * cfg.actor.envs_per_actor * cfg.actor.rollout_len, 200 * cfg.learner.batch_size)
         if cfg.total_env_steps < steady:
             cfg = compose([*overrides, f"actors={n}", f"total_env_steps={steady}"])
-        board = 1 if cfg.runner.name.value == "ray" else 0
-        c = dataclasses.replace(costs, cores=float(n + 1 + board)) if cluster else costs
+        c = costs
+        if cluster:
+            board = 1 if cfg.runner.name.value == "ray" and costs.board_cpu_s > 0 else 0  # (as own_cores counts it)
+            c = dataclasses.replace(costs, cores=float(n + 1 + board), call_cpu_s=0.0)
         out = simulate(cfg, c, latency, seed=seed, sched=sched)
         rows.append({"actors": n, "cores": c.cores, "total_env_steps": int(cfg.total_env_steps),
-                     **{k: out[k] for k in SCAN_COLUMNS}})
+                     **{k: out[k] for k in SCAN_COLUMNS},
+                     "beyond_calibration": beyond_calibration(cfg, c, calibrated)})
     return rows
 
 
 def knee(rows: Sequence[Dict[str, object]]) -> Optional[int]:
-    """Seed 004's throughput knee over a scan's rows (in increasing counts): the largest count whose steady SPS is
-    still at least :data:`KNEE` x the previous count's (the first count where no later one pays); None without a
-    row."""
+    """Seed 004's throughput knee over a scan's rows (in increasing counts): the largest count reached from the
+    previous one by a step that still :func:`pays`; None without a row."""
     best = None
     for i, r in enumerate(rows):
-        if i == 0 or float(r["sps_steady"]) >= KNEE * float(rows[i - 1]["sps_steady"]):
+        if i == 0 or pays(float(rows[i - 1]["actors"]), float(rows[i - 1]["sps_steady"]), float(r["actors"]),
+                          float(r["sps_steady"])):
             best = int(r["actors"])
     return best
 
@@ -1468,39 +1481,69 @@ def saturated_at(rows: Sequence[Dict[str, object]]) -> Optional[int]:
     return next((int(r["actors"]) for r in rows if float(r["learner_utilization"]) >= SATURATED), None)
 
 
-def scan_lines(rows: Sequence[Dict[str, object]]) -> List[str]:
-    """A scan as a table and what it says (see :func:`knee`, :func:`saturated_at`)."""
+def scan_verdict(rows: Sequence[Dict[str, object]]) -> Dict[str, object]:
+    """What a scan says: ``knee`` (:func:`knee`), ``scan_further`` (the last count still paid: the knee may lie
+    beyond it), ``knee_between`` (the knee's step paid but grew the SPS less than the actors: the knee lies
+    between the count before and it, and the lag there is below the knee row's: scan between them), and
+    ``saturated_at`` (:func:`saturated_at`)."""
+    k = knee(rows)
+    if k is None:
+        return {"knee": None, "scan_further": False, "knee_between": None, "saturated_at": None}
+    i = next(j for j, r in enumerate(rows) if r["actors"] == k)
+    between = None
+    if 0 < i < len(rows) - 1:  # (a knee at the last count: scan further first)
+        a, b = rows[i - 1], rows[i]
+        if float(b["sps_steady"]) / float(a["sps_steady"]) < 0.9 * float(b["actors"]) / float(a["actors"]):
+            between = [int(a["actors"]), k]
+    return {"knee": k, "scan_further": i == len(rows) - 1, "knee_between": between, "saturated_at": saturated_at(rows)}
+
+
+def scan_lines(rows: Sequence[Dict[str, object]], cluster: bool = False) -> List[str]:
+    """A scan as a table and what it says (:func:`scan_verdict`)."""
     ray = any(math.isfinite(float(r["board_utilization"])) for r in rows)
     head = (f"{'actors':>7} {'cores':>6} {'steps':>11} {'steady SPS':>11} {'learner':>8} {'lag mean':>9} "
             f"{'lag p95':>8} {'data age':>9} {'kept':>6} {'cpu wait':>9}" + (f" {'board':>6}" if ray else ""))
     out = [head]
     for r in rows:
         age = float(r["age_s_mean"])
+        shown = "-" if not math.isfinite(age) else f"{age:.3g} s" if age >= 1 else f"{age * 1e3:.3g} ms"
         out.append(f"{r['actors']:>7} {float(r['cores']):>6g} {r['total_env_steps']:>11,} {float(r['sps_steady']):>11,.0f} "
                    f"{float(r['learner_utilization']):>8.0%} {float(r['lag_mean']):>9.3g} {float(r['lag_p95']):>8.3g} "
-                   f"{(('-' if not math.isfinite(age) else f'{age:.3g} s' if age >= 1 else f'{age * 1e3:.3g} ms')):>9} {float(r['kept_fraction']):>6.0%} "
-                   f"{float(r['actor_cpu_wait_frac']):>9.1%}" + (f" {float(r['board_utilization']):>6.0%}" if ray else ""))
-    k, sat = knee(rows), saturated_at(rows)
+                   f"{shown:>9} {float(r['kept_fraction']):>6.0%} {float(r['actor_cpu_wait_frac']):>9.1%}"
+                   + (f" {float(r['board_utilization']):>6.0%}" if ray else ""))
+    v = scan_verdict(rows)
+    k, sat, last = v["knee"], v["saturated_at"], rows[-1]
     at = next(r for r in rows if r["actors"] == k)
-    last = rows[-1]
-    if k == last["actors"] and len(rows) > 1:
-        out.append(f"throughput still pays at N = {k} (>= {KNEE:g}x the previous count's steady SPS): scan further")
+    rule = f"the steady SPS growing >= {KNEE:g}x per doubling of the actors"
+    if v["scan_further"]:
+        out.append(f"throughput still pays at N = {k} ({rule}): scan further")
     else:
-        out.append(f"throughput stops paying past N = {k} (each later count adds less than {KNEE - 1:.0%}): "
+        out.append(f"throughput stops paying past N = {k} ({rule} up to it, not after): "
                    f"{float(at['sps_steady']):,.0f} steady SPS, mean lag {float(at['lag_mean']):.3g} versions "
                    f"(p95 {float(at['lag_p95']):.3g}); at N = {last['actors']}: {float(last['sps_steady']):,.0f} SPS, "
                    f"mean lag {float(last['lag_mean']):.3g}")
+    if v["knee_between"]:
+        a, b = v["knee_between"]
+        out.append(f"the step from {a} to {b} grew the SPS {float(at['sps_steady']) / float(rows[rows.index(at) - 1]['sps_steady']):.2f}x "
+                   f"for {b / a:.3g}x the actors: the knee lies between them, at a lower lag than {b}'s; scan between "
+                   f"them (e.g. --scan {','.join(str(x) for x in _between(a, b))})")
     out.append(f"the learner saturates (>= {SATURATED:.0%} busy) by N = {sat}" if sat is not None else
                f"the learner is not saturated at N = {last['actors']} (at most "
                f"{max(float(r['learner_utilization']) for r in rows):.0%} busy)")
     crowded = next((r for r in rows if float(r["actor_cpu_wait_frac"]) >= 0.10), None)
-    if crowded is not None and sat is None:
+    if crowded is not None and sat is None and not cluster:
         out.append(f"from N = {crowded['actors']} the actors wait for a core {float(crowded['actor_cpu_wait_frac']):.0%} "
                    f"of their time or more: the cores, not the learner, set the pace (--cluster: a CPU each)")
     out.append("seed 004's rule also wants KL(behavior || current) within 0.01-0.03 at that lag: the model has no "
                "KL (it depends on the policy); read it from a lag-cost study of your env (benchmarks/scale.py maps "
                "the committed ones)")
     return out
+
+
+def _between(a: int, b: int) -> List[int]:
+    """A few counts from ``a`` to ``b`` (both in), about evenly spaced in log scale."""
+    pts = sorted({int(round(a * (b / a) ** (k / 4))) for k in range(5)})
+    return pts
 
 
 # ---- command line ------------------------------------------------------------------------------------------
@@ -1515,29 +1558,35 @@ def compose(overrides: Sequence[str]) -> Config:
 
 
 def _print_scan(args, costs: Costs, latency: Optional[Latency], calibrated) -> int:
-    """``--scan``: the rows (a table, or JSON with the knee and the saturation) and any count beyond the
-    calibration's crowding (a warning each)."""
+    """``--scan``: the rows (a table, or JSON with :func:`scan_verdict`), each count beyond the calibration's
+    crowding warned of."""
     counts = parse_counts(args.scan)
     given = [o for o in args.overrides if o.split("=", 1)[0].lstrip("+~") == "actors"]
     if given:
         print(f"laglab.sim: note: --scan sets the actor count; {' '.join(given)} is not used", file=sys.stderr)
+    if args.cluster and any(kv.partition("=")[0] == "cores" for kv in args.cost):
+        print("laglab.sim: note: --cluster gives each actor and the learner a CPU; --cost cores is not used",
+              file=sys.stderr)
     overrides = [o for o in args.overrides if o not in given]
-    rows = scan(overrides, counts, costs, latency, seed=args.seed, sched=args.sched, cluster=args.cluster)
+    rows = scan(overrides, counts, costs, latency, seed=args.seed, sched=args.sched, cluster=args.cluster,
+                calibrated=calibrated)
     for r in rows:
-        beyond = None if args.cluster else beyond_calibration(compose([*overrides, f"actors={r['actors']}"]), costs,
-                                                              calibrated)
-        if beyond:
-            print(f"laglab.sim: warning: {beyond}", file=sys.stderr)
+        if r["beyond_calibration"]:
+            print(f"laglab.sim: warning: {r['beyond_calibration']}", file=sys.stderr)
     if args.json:
         clean = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()} for r in rows]
-        print(json.dumps({"rows": clean, "knee": knee(rows), "saturated_at": saturated_at(rows),
-                          "cluster": bool(args.cluster)}))
+        print(json.dumps({"rows": clean, **scan_verdict(rows), "cluster": bool(args.cluster)}))
         return 0
     cfg = compose([*overrides, f"actors={counts[0]}"])
-    where = "each actor and the learner on a CPU of its own" if args.cluster else f"{costs.cores:g} cores shared"
+    if args.cluster:
+        where = ("a cluster: each actor, the learner and the snapshot board on a CPU of its own" if
+                 cfg.runner.name.value == "ray" else "one host with a CPU for each actor and the learner (runner="
+                 "process moves fragments through shared memory: for a cluster, model runner=ray)")
+    else:
+        where = f"{costs.cores:g} cores shared"
     print(f"{cfg.env.id}, runner={cfg.runner.name.value}, {cfg.actor.envs_per_actor} envs x {cfg.actor.rollout_len} "
           f"steps a rollout, batch {cfg.learner.batch_size}; {where}")
-    for line in scan_lines(rows):
+    for line in scan_lines(rows, cluster=args.cluster):
         print(line)
     return 0
 

@@ -44,7 +44,7 @@ from ..fragment import FragmentId
 from ..inference import SnapshotCodec
 from ..learner import Learner
 from ..lifetime import (RAY_PREFIX, STOP_SIGNALS, keep_ray_logs, note_run_dir, own_dir, ray_bases, ray_dir_max,
-                        release_dir, stop_ray_processes)
+                        release_dir, stop_ray_processes, sweep_dirs)
 from ..policy import Snapshot
 from ..tracking import Tracker
 from ..transport import FragmentQueue
@@ -175,26 +175,30 @@ def run(cfg: Config, learner: Learner, tracker: Tracker, spec: EnvSpec, budget: 
 @contextlib.contextmanager
 def local_instance(**kw: Any) -> Iterator[None]:
     """A local Ray instance for a tool outside a run (``benchmarks/throughput.py``'s Ray path), kept as a run keeps
-    its own: its session in a directory of laglab's (:func:`_own_root`), and nothing of it left at the end (its
-    processes stopped, the directory removed; after a SIGKILL, the next start's sweep). ``kw``: more for
-    ``ray.init`` (``num_cpus``, ...)."""
+    its own: its session in a directory of laglab's (:func:`_own_root`), and nothing of it left at the end, however
+    the body ends (its processes stopped, the directory removed, the process's stop handlers put back). A tool's
+    instance that a SIGKILL left is removed by the next start of a tool or a run (each sweeps dead learners' Ray
+    directories first). Refused where this process already has Ray up (it would not be ours to shut down). ``kw``:
+    more for ``ray.init`` (``num_cpus``, ...)."""
     import ray
 
+    if ray.is_initialized():
+        raise RuntimeError("local_instance: Ray is already initialized in this process; use that instance")
+    for base in ray_bases():  # (a killed tool's or run's instance: stopped, its directory removed)
+        sweep_dirs(RAY_PREFIX, base)
+    handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     place: Dict[str, Optional[str]] = {"root": None, "session": None}
-    place["root"], theirs = _own_root()
-    if place["root"] is not None:
-        kw["_temp_dir"] = place["root"]
     try:
+        place["root"], theirs = _own_root()
+        if place["root"] is not None:
+            kw["_temp_dir"] = place["root"]
         with _own_session(True), _no_crash_handler():
             ray.init(address="local", include_dashboard=False, log_to_driver=False, logging_level="warning", **kw)
         if place["root"] is not None or theirs:
             place["session"] = _session_dir(ray)
         yield
     finally:
-        try:
-            ray.shutdown()
-        finally:
-            _leave(place)
+        _shut_down(ray, handlers, place, None)
 
 
 def _own_root() -> Tuple[Optional[str], bool]:
