@@ -3,6 +3,7 @@ nodes): actors spread over the nodes, a node removed mid-run, the books exact; a
 (The protocol tests in test_protocol.py also run on runner=ray, against a local instance.)"""
 import importlib.util
 
+import pandas as pd
 import pytest
 
 from laglab.config import ConfigError
@@ -100,6 +101,10 @@ def test_a_ray_kill_is_booked_and_the_slot_restarts(cluster, tmp_path, monkeypat
     # each Ray actor reports its worker process's CPU (what laglab.sim calibrates from): measured, within the run
     stats = [a for a in s["actors_stats"].values() if a["steps"]]
     assert stats and all(0 < a["cpu_s"] < s["wall_time_s"] for a in stats), stats
+    # and splits each call's way: the board's answer (asked to held), the rest the snapshot's read and load
+    assert all(0 < a["ask_s"] < a["snapshot_s"] for a in stats), [(a["ask_s"], a["snapshot_s"]) for a in stats]
+    rows = pd.read_parquet(tmp_path / "actors.parquet")  # (per update too, for a window's figures)
+    assert (rows.groupby("actor")["ask_s"].max() > 0).all()
 
 
 def test_runner_ray_without_ray_installed_is_refused_with_how_to_install(monkeypatch):

@@ -53,6 +53,8 @@ class ActorStats:
     # board, Ray's I/O thread taking the answer, reading the snapshot from the object store, loading it: a part of
     # cpu_s; with its threads' idle work in the while, 6-7 ms a second: 0.03 ms of a 5 ms call); 0 elsewhere
     snapshot_wait_s: float = 0.0  # Ray: the calls' thread's waits for a CPU over those ways (its run delay)
+    ask_s: float = 0.0  # Ray: the part of snapshot_s from asking the snapshot board to holding its answer (the
+    # board's turn and the answer's way back); the rest is reading and loading the snapshot
     refreshes: int = 0  # rollouts discarded because the snapshot went stale (actor.refresh_lag)
     discarded_steps: int = 0  # their steps
     env_cpu_s: float = 0.0  # CPU seconds of this thread inside env.step (env_s less what the env waited)

@@ -231,7 +231,7 @@ class WandbSink:
 # ---- the tracker -----------------------------------------------------------------------------------------
 ACTOR_FIELDS = ("steps", "episodes", "version", "env_s", "infer_s", "throttle_s", "blocked_s", "snapshot_s",
                 "rollouts", "refreshes", "discarded_steps", "cpu_s", "env_cpu_s", "cpu_wait_s", "snapshot_cpu_s",
-                "snapshot_wait_s")
+                "snapshot_wait_s", "ask_s")
 
 
 class Tracker:

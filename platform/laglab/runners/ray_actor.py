@@ -177,6 +177,7 @@ class RolloutWorker:
             raise RuntimeError(f"actor {self.actor_id} (incarnation {self.inc}) was killed")
         t0, cpu0, wait0 = time.perf_counter(), time.process_time(), run_delay_s()
         version, snapshot = ray.get(board.newest.remote(self.version))
+        self.actor.stats.ask_s += time.perf_counter() - t0  # (the board's turn and its answer's way back)
         if snapshot is not None and self.actor.wants(version):  # (actor.sync_min_lag: maybe keep ours)
             flat = ray.get(snapshot[0])  # the object store's copy on this node, read in place
             self.actor.load(self.codec.decode(version, flat), fetch_s=time.perf_counter() - t0)
