@@ -419,6 +419,22 @@ def sweep_dirs(prefix: str, base: Optional[str] = None) -> List[str]:
     return removed
 
 
+LEFT_DIRS = {MP_PREFIX: "fork-server", RAY_PREFIX: "local Ray instance"}  # laglab's directories a start sweeps
+
+
+def sweep_left_dirs(prefixes=tuple(LEFT_DIRS)) -> None:
+    """At a start (a run's, or a tool's local Ray instance): :func:`sweep_dirs` of each kind of directory in
+    ``prefixes`` where it can be (the fork server's in the temporary directory; a Ray instance's also in /tmp:
+    :func:`ray_bases`), each removal logged with the dead learners' pids."""
+    for prefix in prefixes:
+        for base in ray_bases() if prefix == RAY_PREFIX else [tempfile.gettempdir()]:
+            gone = sweep_dirs(prefix, base)
+            if gone:
+                log.info("laglab: removed %d %s directory(ies) left in %s by runs that did not end in order (pid %s)",
+                         len(gone), LEFT_DIRS[prefix], base,
+                         ", ".join(sorted({n[len(prefix):].split("-")[0] for n in gone})))
+
+
 class Lifeline:
     """Learner side: ``Lifeline(ctx)``; pass ``.child_end`` to each child; ``close()`` at the very end of the run
     (children see it as the learner's death, which by then is what it is to them). Child side: ``gone()``."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import random
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
@@ -17,7 +16,7 @@ from .config import Config, ConfigError, usable_cpus
 from .accounting import Budget
 from .checks import check_resume, env_spec, prestart, resume_checkpoint  # noqa: F401 - check_resume, env_spec: API
 from .learner import INCARNATION_MARK, Learner
-from .lifetime import MP_PREFIX, RAY_PREFIX, ray_bases, sweep_dirs
+from .lifetime import sweep_left_dirs
 from .shm import sweep_stale
 from . import runners, timeline
 from .console import footer
@@ -205,13 +204,7 @@ def run(cfg: Config, run_dir: Path, resolved_config: Optional[Dict[str, Any]] = 
         pids = sorted({n.split("-")[1] for n in stale})
         log.info("laglab: removed %d shared-memory segment(s) left in /dev/shm by killed runs (pid %s)", len(stale),
                  ", ".join(pids))
-    for prefix, what, base in [(MP_PREFIX, "fork-server", tempfile.gettempdir())] + [
-            (RAY_PREFIX, "local Ray instance", b) for b in ray_bases()]:
-        gone = sweep_dirs(prefix, base)
-        if gone:
-            log.info("laglab: removed %d %s directory(ies) left in %s by runs that did not end in order (pid %s)",
-                     len(gone), what, base,
-                     ", ".join(sorted({n[len(prefix):].split("-")[0] for n in gone})))
+    sweep_left_dirs()
     torch.set_num_threads(cfg.runner.torch_threads)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)

@@ -44,7 +44,7 @@ from ..fragment import FragmentId
 from ..inference import SnapshotCodec
 from ..learner import Learner
 from ..lifetime import (RAY_PREFIX, STOP_SIGNALS, keep_ray_logs, note_run_dir, own_dir, ray_bases, ray_dir_max,
-                        release_dir, stop_ray_processes, sweep_dirs)
+                        release_dir, stop_ray_processes, sweep_left_dirs)
 from ..policy import Snapshot
 from ..tracking import Tracker
 from ..transport import FragmentQueue
@@ -184,8 +184,7 @@ def local_instance(**kw: Any) -> Iterator[None]:
 
     if ray.is_initialized():
         raise RuntimeError("local_instance: Ray is already initialized in this process; use that instance")
-    for base in ray_bases():  # (a killed tool's or run's instance: stopped, its directory removed)
-        sweep_dirs(RAY_PREFIX, base)
+    sweep_left_dirs((RAY_PREFIX,))  # (a killed tool's or run's instance: stopped, its directory removed)
     handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     place: Dict[str, Optional[str]] = {"root": None, "session": None}
     try:
