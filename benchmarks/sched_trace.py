@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = [sys.executable, "train.py", "env=latency", "env.latency_ms=[2]", "actors=64", "total_env_steps=400000",
@@ -46,10 +46,9 @@ KV = re.compile(r"(\w+)=(\S+)")
 WAKE_S = 5e-6  # a migration this soon after a task's waking is the wake-up's own choice of core (the same instant)
 
 
-def analyse(lines: Iterable[str], learner: Optional[int] = None) -> Dict[str, float]:
+def analyse(lines: Iterable[str]) -> Dict[str, float]:
     """The figures above from ``perf script -F cpu,time,event,trace`` lines of sched_waking, sched_migrate_task and
-    sched_switch events (other lines are skipped). ``learner``: the learner's thread id (the traced command's pid):
-    also how often a task took its core while it could run (see :func:`preemptions`)."""
+    sched_switch events (other lines are skipped); the learner's are :func:`preemptions`'."""
     cur: Dict[int, int] = {}  # core -> the task running on it (0: idle)
     queue: Dict[int, set] = collections.defaultdict(set)  # core -> tasks waiting on it
     where: Dict[int, int] = {}  # task -> the core whose queue it is in / it last ran on
@@ -61,7 +60,6 @@ def analyse(lines: Iterable[str], learner: Optional[int] = None) -> Dict[str, fl
     # woke, whether the wake-up itself moved it (a migration in the same instant: the kernel's choice of core)]
     watch: Dict[int, set] = {}  # core that went idle -> the tasks then waiting elsewhere
     t_first = t_last = None
-    lines = list(lines)
     for line in lines:
         m = LINE.match(line)
         if not m:
@@ -126,8 +124,7 @@ def analyse(lines: Iterable[str], learner: Optional[int] = None) -> Dict[str, fl
     if span <= 0:
         raise ValueError("no scheduler events in the trace (sched_waking, sched_migrate_task, sched_switch)")
     n = len(cores)
-    more = preemptions(lines, learner) if learner is not None else {}
-    return {**more, "seconds": span, "cores": n,
+    return {"seconds": span, "cores": n,
             "idle_frac": sum(idle.values()) / (n * span),
             "idle_while_queued_frac": sum(idle_queued.values()) / (n * span),
             "woke_to_busy_core_with_another_idle": woke_busy,

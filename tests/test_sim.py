@@ -1047,7 +1047,7 @@ def test_sched_trace_reads_how_the_learner_shares_its_core():
     assert out["learner_preempted"] == 2 and out["learner_preempted_by_lower"] == 0.5
     assert out["learner_preempted_s_mean"] == pytest.approx(0.0015) and out["learner_preempted_s_max"] == pytest.approx(0.002)
     assert out["learner_preempted_frac"] == pytest.approx(0.003 / 0.011)
-    assert analyse(trace, 10)["learner_preempted"] == 2 and "learner_preempted" not in analyse(trace)
+    assert "learner_preempted" not in analyse(trace)  # (the scheduler's figures; the learner's are preemptions')
     with pytest.raises(ValueError, match="never ran"):
         preemptions(trace, 99)
     # only what the trace holds whole: it starts with the learner running (its first switch-out, at 2.002, has no

@@ -1557,6 +1557,11 @@ def compose(overrides: Sequence[str]) -> Config:
         raise SimError(str(e)) from None
 
 
+def _strict(d: Dict[str, object]) -> Dict[str, object]:
+    """``d`` for strict JSON: a figure that does not exist (no update, no lag: NaN) is null."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+
+
 def _print_scan(args, costs: Costs, latency: Optional[Latency], calibrated) -> int:
     """``--scan``: the rows (a table, or JSON with :func:`scan_verdict`), each count beyond the calibration's
     crowding warned of."""
@@ -1574,8 +1579,7 @@ def _print_scan(args, costs: Costs, latency: Optional[Latency], calibrated) -> i
         if r["beyond_calibration"]:
             print(f"laglab.sim: warning: {r['beyond_calibration']}", file=sys.stderr)
     if args.json:
-        clean = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()} for r in rows]
-        print(json.dumps({"rows": clean, **scan_verdict(rows), "cluster": bool(args.cluster)}))
+        print(json.dumps({"rows": [_strict(r) for r in rows], **scan_verdict(rows), "cluster": bool(args.cluster)}))
         return 0
     cfg = compose([*overrides, f"actors={counts[0]}"])
     if args.cluster:
@@ -1654,7 +1658,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"laglab.sim: warning: {beyond}", file=sys.stderr)
     out["beyond_calibration"] = beyond
     if args.json:  # strict JSON: a figure that does not exist (no update, no lag) is null
-        print(json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}))
+        print(json.dumps(_strict(out)))
         return 0
     print(f"actors {cfg.actors} x {cfg.actor.envs_per_actor} envs, batch {cfg.learner.batch_size}, "
           f"{cfg.total_env_steps:,} steps, {costs.cores:g} cores")
@@ -1668,4 +1672,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
