@@ -94,7 +94,8 @@ def test_a_ray_kill_is_booked_and_the_slot_restarts(cluster, tmp_path, monkeypat
         return ok
 
     monkeypatch.setattr(R._Runner, "take", take_and_kill)
-    s = run(on("ray", total_env_steps=8192, runner={"resource": "rollout"}), tmp_path)
+    c = on("ray", total_env_steps=8192, runner={"resource": "rollout"})
+    s = run(c, tmp_path)
     t = s["transport"]
     assert state["killed"] is not None and s["actor_restarts"] == 1
     assert s["status"] == "completed" and balanced(t) and t["misattributed"] == 0
@@ -105,6 +106,19 @@ def test_a_ray_kill_is_booked_and_the_slot_restarts(cluster, tmp_path, monkeypat
     assert all(0 < a["ask_s"] < a["snapshot_s"] for a in stats), [(a["ask_s"], a["snapshot_s"]) for a in stats]
     rows = pd.read_parquet(tmp_path / "actors.parquet")  # (per update too, for a window's figures)
     assert (rows.groupby("actor")["ask_s"].max() > 0).all()
+    # each answered call's moments on the run's clock (calls.parquet), in order, and each update's start and the
+    # end of its publication (benchmarks/phase_profile.py places the calls against them)
+    calls = pd.read_parquet(tmp_path / "calls.parquet")
+    per_call = c.actor.envs_per_actor * c.actor.rollout_len  # (each answered call one rollout: what was trained
+    assert t["admitted"] <= len(calls) * per_call <= t["produced"]  # came from them, and they were produced)
+    assert calls.groupby("actor").size().min() > 0 and calls["actor"].nunique() == c.actors
+    assert ((calls["asked"] < calls["answered"]) & (calls["answered"] <= calls["stepping"])
+            & (calls["stepping"] < calls["ended"]) & (calls["ended"] < calls["received"])).all()
+    assert calls["incarnation"].nunique() == c.actors + 1  # (every life's calls: the killed one's and its successor's)
+    m = pd.read_parquet(tmp_path / "metrics.parquet")
+    assert (m["learner/started_t"] < m["learner/published_t"]).all()
+    assert (m["learner/published_t"] <= m["wall_time"]).all()
+    assert calls["received"].between(0, m["wall_time"].max() + 5).all()  # (the worker's clock, converted)
 
 
 def test_runner_ray_without_ray_installed_is_refused_with_how_to_install(monkeypatch):

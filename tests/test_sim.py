@@ -550,6 +550,61 @@ def test_a_publication_reaches_the_ray_board_after_the_learners_post():
     assert min(ways[1:]) > ways[0] - 0.05, ways
 
 
+def test_a_ray_models_trace_holds_each_calls_moments_and_each_updates_start():
+    # trace=True gives what a Ray run's calls.parquet and metrics' learner/started_t and published_t hold, for
+    # benchmarks/phase_profile.py: a row per answered call, its moments in order, and per update its start and the
+    # end of its publication (the update and the post after it: both the learner's, on its core)
+    c = cfg("actors=3", "actor.max_lead_steps=null", "runner=ray", "total_env_steps=12288")
+    costs = Costs(**{**FREE, "update_s": 0.010, "publish_s": 0.002, "board_cpu_s": 1e-3, "call_s": 5e-4,
+                     "snapshot_cpu_s": 2e-3})
+    out = simulate(c, costs, Latency("fixed", per_actor_ms=[1.0, 1.5, 2.0]), trace=True)
+    calls, updates = out["call_trace"], out["update_trace"]
+    assert len(calls) == out["env_steps"] // (c.actor.envs_per_actor * c.actor.rollout_len) > 0
+    for r in calls:
+        assert r["asked"] < r["answered"] <= r["stepping"] < r["ended"] <= r["received"], r
+        assert r["stepping"] - r["answered"] >= 2e-3 - 1e-12  # (the way's own CPU comes after the answer)
+    assert len(updates) == out["updates"]
+    assert all(u["published"] - u["started"] == pytest.approx(0.012) for u in updates)  # (two free cores)
+    assert sorted({r["actor"] for r in calls}) == [0, 1, 2]
+    assert "call_trace" not in simulate(c, costs, Latency("fixed", per_actor_ms=[1.0]))  # (only on request)
+
+
+def test_phase_profile_places_each_answer_in_the_update_cycle():
+    # updates start once a second; three workers answer once each: A 0.9 s after a start (the last before the
+    # next: the closer), B 15 ms after one, C 0.6 s after with every call 4 ms longer than the others'. Each call is
+    # asked 3 ms after its worker's previous rollout ended, answered 1 ms later, steps 3 ms after that, and its
+    # rollout ends 2 ms before the learner receives it. B's calls are answered 17 ms after a start, with the
+    # version before the update's; A's and C's with the update's own (C's the first, 0.6 s and more after)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import pandas as pd
+    from phase_profile import profile
+
+    received = {0: lambda k: k + 0.9, 1: lambda k: k + 0.015, 2: lambda k: k + 0.6 + 0.004 * k}
+    rows = []
+    for k in range(1, 13):
+        for actor, at in received.items():
+            asked = at(k - 1) - 0.002 + 0.003
+            rows.append({"actor": actor, "version": k - 1 if actor == 1 else k, "asked": asked,
+                         "answered": asked + 0.001, "stepping": asked + 0.004, "ended": at(k) - 0.002,
+                         "received": at(k)})
+    updates = pd.DataFrame({"started": np.arange(13.0), "version": np.arange(1, 14)})
+    table, figures = profile(pd.DataFrame(rows), updates)
+    t = table.set_index("phase")
+    for phase in ("closer", "10-20 ms", ">= 200 ms"):  # A, B, C: a third each
+        assert t.loc[phase, "share"] == pytest.approx(1 / 3), phase
+        assert t.loc[phase, "way_ms"] == pytest.approx(4.0) and t.loc[phase, "gap_ms"] == pytest.approx(3.0)
+    assert t.loc["closer", "drift_ms"] == pytest.approx(0.0, abs=1e-6)
+    assert t.loc["10-20 ms", "drift_ms"] == pytest.approx(0.0, abs=1e-6)
+    assert t.loc[">= 200 ms", "drift_ms"] == pytest.approx(4.0, abs=1e-6)  # (C's every call 4 ms longer)
+    assert t.drop(["closer", "10-20 ms", ">= 200 ms"])["calls"].sum() == 0
+    assert figures["median_cycle_ms"] == pytest.approx(1000.0)
+    # the board answered the version before as late as 17 ms after a start, the update's own as early as C's
+    # first answer inside the window (the updates from a quarter of the way: start 3, C's at 0.602 + 0.012 s)
+    assert figures["stale_ms"] == pytest.approx(17.0) and figures["fresh_ms"] == pytest.approx(614.0)
+    with pytest.raises(ValueError, match="at least 4 updates"):
+        profile(pd.DataFrame(rows), updates.head(3))
+
+
 @pytest.mark.parametrize("actors", [8, 16])
 def test_ray_workers_at_one_latency_do_not_step_in_lockstep(actors):
     # the board's round trip varies per call (drawn around call_s): workers of one fixed latency drift apart, so a

@@ -580,13 +580,16 @@ START_SLICE_S = 0.004  # a Ray worker's start CPU is served in slices of this (t
 
 
 def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Latency] = None, seed: int = 0,
-             frag_bytes: Optional[int] = None, contend: bool = False, sched: str = "cores") -> Dict[str, object]:
+             frag_bytes: Optional[int] = None, contend: bool = False, sched: str = "cores",
+             trace: bool = False) -> Dict[str, object]:
     """Run the model to the end of ``cfg.total_env_steps``; returns its predictions (see :data:`OUTPUTS`). With a
     core for the learner and one for each actor (and no per-call CPU on Ray, which runs beside its actor) nothing
     ever queues for one, and the model skips the cores' queues altogether (a cluster of 4096 actors: minutes, not
     an hour); ``contend=True`` keeps them anyway (the tests check the two agree). ``sched``: ``cores`` (a run
     queue per core, as Linux keeps them: :class:`_Cores`) or ``pool`` (the cores as one pool any task takes the
-    first free core of: the model until 2026-12-06)."""
+    first free core of: the model until 2026-12-06). ``trace`` (``runner=ray``): the result also holds ``call_trace``,
+    a row per answered call with the moments a run's ``calls.parquet`` has, and ``update_trace``, each update's start
+    and the end of its publication (a run's ``learner/started_t`` and ``learner/published_t``)."""
     import simpy
 
     if sched not in SCHEDULERS:
@@ -641,6 +644,8 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
     answers = simpy.Store(env) if ray else None
     firsts: List[float] = []  # ray: each worker's first env step
     call_times: List[Tuple[float, float]] = []  # ray: (when, how long) each call took from asking to its first env step
+    call_rows: List[Dict[str, float]] = []  # trace: each answered call's moments (a run's calls.parquet)
+    update_rows: List[Dict[str, float]] = []  # trace: each update's start and the end of its publication
     board = simpy.Resource(env, capacity=1) if ray else None  # ray: the snapshot board answers one call at a time
     starting = None  # ray: the workers' start (Ray's raylet starts as many at a time as the machine has CPUs)
     if ray and ray_starts(costs):
@@ -768,17 +773,20 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             newest = on_board[0] if costs.board_cpu_s > 0 else None
             if costs.call_s > 0:  # (the rest of the round trip: the newest version as the answer arrives)
                 yield env.timeout(call_rng.exponential(costs.call_s))
+            t_answered = env.now
             # (the worker's own part: reading the answer and the snapshot, loading it; on its core, so in a crowd it
             # waits for one, as each of the real way's wake-ups does)
             yield from _cpu(env, cpu, costs.snapshot_cpu_s, 1, run_delay, i)
             version = yield from refresh(i, version, newest)
             call_times.append((t_call, env.now - t_call))
+            row = {"actor": i, "version": version, "asked": t_call, "answered": t_answered, "stepping": env.now}
             if not stepped:
                 stepped = True
                 firsts.append(env.now)  # (its first env step comes next)
             yield from collect(i)
+            row["ended"] = env.now
             yield from _cpu(env, cpu, E * costs.send_s, 1, run_delay, i)
-            yield answers.put((i, version, env.now))
+            yield answers.put((i, version, env.now, row))
         st["done_actors"] += 1
         q.wake()
 
@@ -800,7 +808,9 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
 
     def receiver():
         while True:
-            i, version, t_sent = yield answers.get()
+            i, version, t_sent, row = yield answers.get()
+            if trace:
+                call_rows.append({**row, "received": env.now})
             for _ in range(E):
                 t0 = env.now
                 yield from q.put((i, T, version, t_sent))
@@ -891,6 +901,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             staged.append(item)
             if len(staged) < need:
                 continue
+            started = env.now
             yield from learner_cpu(costs.update_s)
             lags.extend(st["version"] - s[2] for s in staged)
             st["trained"] += sum(s[1] for s in staged)
@@ -908,6 +919,9 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
                     env.process(post(history[0]))
                 credit[:] = consumed
                 ring()
+            if trace:
+                update_rows.append({"started": started, "published": env.now if st["updates"] %
+                                    cfg.learner.broadcast_every == 0 else float("nan")})
         st["end"] = max(st["end"], env.now)
         finished.succeed()
 
@@ -952,6 +966,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
         "call_s_mean": steady_mean(call_times, [m[0] for m in marks]),
         "start_spread_s": (max(firsts) - min(firsts)) if starting is not None and len(firsts) == N else float("nan"),
         "start_mean_s": float(np.mean(firsts)) if starting is not None and len(firsts) == N else float("nan"),
+        **({"call_trace": call_rows, "update_trace": update_rows} if trace else {}),
     }
 
 

@@ -7,6 +7,8 @@ Local files (pandas sees exactly what W&B shows):
 - ``histograms.parquet``: long format, one row per (update, metric) every ``hist_every`` updates, with the
   raw values;
 - ``actors.parquet``: one row per (update, actor);
+- ``calls.parquet`` (``runner=ray``): one row per answered rollout call, its moments on the run's clock (the
+  ``wall_time`` clock; :meth:`Tracker.add_call`);
 - ``episodes.parquet``: one row per finished episode;
 - all of them rewritten every ``flush_every_s`` seconds, so a crashed run keeps its rows;
 - ``summary.json``: written at the end, also when the run fails or is interrupted (``status`` says which).
@@ -251,6 +253,7 @@ class Tracker:
         self.rows: List[Dict[str, Any]] = []
         self.hist_rows: List[Dict[str, Any]] = []
         self.actor_rows: List[Dict[str, Any]] = []
+        self.call_rows: List[Dict[str, Any]] = []
         self.best_return_mean = -math.inf  # the rolling mean's maximum, at every episode once the window is full
         self._lag_counts: Dict[float, int] = collections.Counter()  # version lag of every trained fragment
         self._last_console = self._last_wandb = -math.inf
@@ -275,6 +278,17 @@ class Tracker:
 
     def wall(self) -> float:
         return time.perf_counter() - self.t0
+
+    def from_epoch(self, t: float) -> float:
+        """A moment given as wall-clock time (``time.time()``, as a Ray worker reports it) on the run's clock."""
+        return t + (time.perf_counter() - time.time()) - self.t0
+
+    def add_call(self, row: Dict[str, Any]) -> None:
+        """One answered rollout call (``runner=ray``; the receiver's thread): its actor, incarnation and version,
+        and its moments on the run's clock (asked the board, held its answer, took the first env step, ended
+        the rollout, and the learner received it)."""
+        with self._lock:
+            self.call_rows.append(row)
 
     def add_episodes(self, episodes: Iterable[Episode], env_steps: int) -> None:
         w = self.wall()
@@ -389,6 +403,9 @@ class Tracker:
             _write_parquet(self.actor_rows, self.run_dir / "actors.parquet")
         with self._lock:
             eps = list(self.episodes)
+            calls = list(self.call_rows)
+        if calls:
+            _write_parquet(calls, self.run_dir / "calls.parquet")
         if eps:
             _write_parquet(eps, self.run_dir / "episodes.parquet")
 

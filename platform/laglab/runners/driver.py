@@ -181,6 +181,7 @@ class LearnerDriver:
         t0 = time.perf_counter()
         wait = t0 - self._t_last
         lags = self.learner.version - np.array([f.id.behavior_version for f in frags])
+        started = self.tracker.wall()
         m = self.learner.update(frags, progress, audit=self.tagged)
         timeline.mark("first_update")
         self.misattributed += int(m.pop("transport/audit_misattributed", 0))
@@ -223,8 +224,12 @@ class LearnerDriver:
         self._kl_offered = []
         if cap is not None:
             m["learner/kl_publications"] = float(self.kl_publications)
+        # the update's start and the end of its publication on the run's clock (calls.parquet's clock: what
+        # benchmarks/phase_profile.py places each Ray call against)
+        m["learner/started_t"], m["learner/published_t"] = started, float("nan")
         if self.learner.updates % self.cfg.learner.broadcast_every == 0:
             self._publish()
+            m["learner/published_t"] = self.tracker.wall()
         every = self.cfg.learner.checkpoint_every
         if every and self.checkpoint_dir is not None and self.learner.updates % every == 0:
             self.learner.save_checkpoint(self.checkpoint_dir / "latest.pt", self.budget.used)

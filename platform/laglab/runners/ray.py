@@ -50,7 +50,7 @@ from ..tracking import Tracker
 from ..transport import FragmentQueue
 from .driver import LearnerDriver, serve
 from .endpoint import arrive_at_queue
-from .ray_actor import HEADER, RolloutWorker, SnapshotBoard, from_wire
+from .ray_actor import CALL_MOMENTS, HEADER, RolloutWorker, SnapshotBoard, from_wire
 from .supervisor import ActorFailed, RestartIntensity
 
 __all__ = ["run", "ActorFailed"]
@@ -455,6 +455,7 @@ class _Runner:
         """One report, in order: produced, sent into the link, what left the link (each an arrival). False for
         a malformed report (nothing of it is taken)."""
         led = self.ledger
+        received = self.tracker.wall()
         try:
             frags = [from_wire(x) for x in res["fragments"]]
             sent = [(int(e), int(t)) for e, t in res["sent"]]
@@ -473,6 +474,9 @@ class _Runner:
             if not isinstance(start, dict):
                 raise TypeError("start_wall")
             start = {str(k): float(v) for k, v in start.items()}
+            call = res.get("call")  # (a rollout's: its version and moments, as wall-clock time)
+            if call is not None:
+                call = {"version": int(call["version"]), **{k: float(call[k]) for k in CALL_MOMENTS}}
         except (KeyError, TypeError, ValueError):
             self.malformed += 1
             return False
@@ -488,6 +492,10 @@ class _Runner:
                 led.mark_sent(w.inc, env_index, t_end)
             w.link = held + frags  # on the link until each arrives
         self.tracker.add_episodes(episodes, self.budget.used)
+        if call is not None:  # (calls.parquet: the call's moments on the run's clock, and when it was received)
+            self.tracker.add_call({"actor": w.actor_id, "incarnation": w.inc, "version": call["version"],
+                                   **{k: self.tracker.from_epoch(call[k]) for k in CALL_MOMENTS},
+                                   "received": received})
         for f in frags:
             self.bytes_in += f.nbytes
             arrive_at_queue(led, self.queue, f, lambda: w.abandoned, lambda f=f: _drop(w.link, f), lambda _: None,

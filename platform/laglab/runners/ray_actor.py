@@ -79,6 +79,14 @@ def _wall(t: float) -> float:
     return time.time() - (time.monotonic() - t)
 
 
+CALL_MOMENTS = ("asked", "answered", "stepping", "ended")  # a rollout call's moments (calls.parquet)
+
+
+def _epoch(t: float) -> float:
+    """A moment on this process's ``perf_counter`` clock as wall time."""
+    return time.time() - (time.perf_counter() - t)
+
+
 class _Poll:
     """The newest version for ``actor.refresh_lag``, without waiting: one question to the board is outstanding at
     a time; each call looks whether it has been answered (then takes the answer and asks again) and returns the
@@ -177,7 +185,8 @@ class RolloutWorker:
             raise RuntimeError(f"actor {self.actor_id} (incarnation {self.inc}) was killed")
         t0, cpu0, wait0 = time.perf_counter(), time.process_time(), run_delay_s()
         version, snapshot = ray.get(board.newest.remote(self.version))
-        self.actor.stats.ask_s += time.perf_counter() - t0  # (the board's turn and its answer's way back)
+        t_answered = time.perf_counter()
+        self.actor.stats.ask_s += t_answered - t0  # (the board's turn and its answer's way back)
         if snapshot is not None and self.actor.wants(version):  # (actor.sync_min_lag: maybe keep ours)
             flat = ray.get(snapshot[0])  # the object store's copy on this node, read in place
             self.actor.load(self.codec.decode(version, flat), fetch_s=time.perf_counter() - t0)
@@ -188,10 +197,16 @@ class RolloutWorker:
                 raise RuntimeError("the snapshot board has no snapshot (it restarted); the learner reposts it")
         self.actor.stats.snapshot_cpu_s += time.process_time() - cpu0  # (the call's own CPU on its way: it needs a
         self.actor.stats.snapshot_wait_s += run_delay_s() - wait0  # core, so in a crowd the way waits for one)
+        t_stepping = time.perf_counter()
         ro = self.actor.collect(newest=_Poll(board, version), check_every=stale_check_every(self.cfg.actor.rollout_len))
+        # the call's version and its moments as wall-clock time (the learner's host has its own clocks): asked the
+        # board, held its answer, took the first env step, ended the rollout (calls.parquet)
+        call = {"version": self.version, **{k: _epoch(t) for k, t in zip(CALL_MOMENTS, (t0, t_answered, t_stepping,
+                                                                                        time.perf_counter()))}}
         self.produced += ro.steps
         if not ro.fragments:  # stale mid-rollout: produced and thrown away (the learner books it as "refresh")
             return self._report(ro.steps, self.ch.contents(), episodes=ro.episodes, discarded=ro.discarded,
+                                call=call,
                                 padding=ro.padding, skipped=np.array(ro.skipped, np.int64).reshape(-1, 2))
         self.in_hand += ro.steps
         ch = self.ch
@@ -216,7 +231,7 @@ class RolloutWorker:
             # what the link holds back dies with the process (the learner finds it lost from the watermarks)
             ch.counts.lost_held_steps = sum({(f.id.env_index, f.id.t_start): f.length for f, _ in ch.held}.values())
         out, ch.outbox = ch.outbox, []
-        return self._report(ro.steps, ch.contents(), sent, out, ro.episodes, killed)
+        return self._report(ro.steps, ch.contents(), sent, out, ro.episodes, killed, call=call)
 
     def _report(self, steps: int, held: Sequence[Fragment], sent: Sequence[Tuple[int, int]] = (),
                 fragments: Sequence[Fragment] = (), episodes: Sequence[Any] = (), killed: bool = False,
