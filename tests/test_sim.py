@@ -569,40 +569,97 @@ def test_a_ray_models_trace_holds_each_calls_moments_and_each_updates_start():
     assert "call_trace" not in simulate(c, costs, Latency("fixed", per_actor_ms=[1.0]))  # (only on request)
 
 
-def test_phase_profile_places_each_answer_in_the_update_cycle():
-    # updates start once a second; three workers answer once each: A 0.9 s after a start (the last before the
-    # next: the closer), B 15 ms after one, C 0.6 s after with every call 4 ms longer than the others'. Each call is
-    # asked 3 ms after its worker's previous rollout ended, answered 1 ms later, steps 3 ms after that, and its
-    # rollout ends 2 ms before the learner receives it. B's calls are answered 17 ms after a start, with the
-    # version before the update's; A's and C's with the update's own (C's the first, 0.6 s and more after)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+def _phase_calls():
+    # updates start once a second; three workers report once each: A 0.9 s after a start (the last before the next:
+    # the closer), B 15 ms after one, C 0.6 s after with every call 4 ms longer than the others'. Each call is asked
+    # 3 ms after its worker's previous rollout ended, answered 1 ms later, steps 3 ms after that, and its rollout
+    # ends 2 ms before the learner takes its report. B's calls are answered 17 ms after a start with the version
+    # before the update's; A's and C's with the update's own (C's first, 0.6 s and more after the start)
     import pandas as pd
-    from phase_profile import profile
 
     received = {0: lambda k: k + 0.9, 1: lambda k: k + 0.015, 2: lambda k: k + 0.6 + 0.004 * k}
     rows = []
     for k in range(1, 13):
         for actor, at in received.items():
             asked = at(k - 1) - 0.002 + 0.003
-            rows.append({"actor": actor, "version": k - 1 if actor == 1 else k, "asked": asked,
-                         "answered": asked + 0.001, "stepping": asked + 0.004, "ended": at(k) - 0.002,
-                         "received": at(k)})
-    updates = pd.DataFrame({"started": np.arange(13.0), "version": np.arange(1, 14)})
-    table, figures = profile(pd.DataFrame(rows), updates)
+            v = k - 1 if actor == 1 else k
+            rows.append({"actor": actor, "version": v, "board_version": v, "asked": asked, "answered": asked + 0.001,
+                         "stepping": asked + 0.004, "ended": at(k) - 0.002, "received": at(k)})
+    return pd.DataFrame(rows), pd.DataFrame({"started": np.arange(13.0), "version": np.arange(1, 14)})
+
+
+def test_phase_profile_places_each_report_in_the_update_cycle(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from phase_profile import profile
+
+    calls, updates = _phase_calls()
+    table, figures = profile([(calls, updates)])
     t = table.set_index("phase")
-    for phase in ("closer", "10-20 ms", ">= 200 ms"):  # A, B, C: a third each
+    for phase in ("closer", "10-20 ms", ">= 200 ms"):  # A, B, C: a third each; every next call 4 ms way, 3 ms gap
         assert t.loc[phase, "share"] == pytest.approx(1 / 3), phase
-        assert t.loc[phase, "way_ms"] == pytest.approx(4.0) and t.loc[phase, "gap_ms"] == pytest.approx(3.0)
+        assert t.loc[phase, "next_way_ms"] == pytest.approx(4.0) and t.loc[phase, "next_gap_ms"] == pytest.approx(3.0)
     assert t.loc["closer", "drift_ms"] == pytest.approx(0.0, abs=1e-6)
     assert t.loc["10-20 ms", "drift_ms"] == pytest.approx(0.0, abs=1e-6)
     assert t.loc[">= 200 ms", "drift_ms"] == pytest.approx(4.0, abs=1e-6)  # (C's every call 4 ms longer)
     assert t.drop(["closer", "10-20 ms", ">= 200 ms"])["calls"].sum() == 0
     assert figures["median_cycle_ms"] == pytest.approx(1000.0)
-    # the board answered the version before as late as 17 ms after a start, the update's own as early as C's
-    # first answer inside the window (the updates from a quarter of the way: start 3, C's at 0.602 + 0.012 s)
-    assert figures["stale_ms"] == pytest.approx(17.0) and figures["fresh_ms"] == pytest.approx(614.0)
+    # over the window's updates (3 to 8 of 13): B's calls answered with the version before 17 ms after each start;
+    # the first with the update's own, C's, 602 + 4 j ms after start j: the median 624
+    assert figures["stale_ms"] == pytest.approx(17.0) and figures["fresh_ms"] == pytest.approx(624.0)
+    # the learner says whose fragment completed each batch: B's (its report 15 ms after the start before) is then
+    # the closer, A's among the rest; an update that did not publish has no switch
+    named = updates.assign(closed_by=1, published=np.where(np.arange(13) == 5, np.nan, np.arange(13.0) + 0.05))
+    t2, fig2 = profile([(calls, named)])
+    t2 = t2.set_index("phase")
+    assert t2.loc["closer", "share"] == pytest.approx(1 / 3) and t2.loc["10-20 ms", "calls"] == 0
+    assert t2.loc[">= 200 ms", "share"] == pytest.approx(2 / 3)
+    assert fig2["fresh_ms"] == pytest.approx(626.0)  # (j = 3, 4, 6, 7, 8)
+    # two runs pool, each against its own median call: the second the first slowed by 0.2% (a 1,002 ms call)
+    moments = ["asked", "answered", "stepping", "ended", "received"]
+    slow = calls.assign(**{k: calls[k] * 1.002 for k in moments})
+    t3, fig3 = profile([(calls, updates), (slow, updates.assign(started=updates["started"] * 1.002))])
+    t3 = t3.set_index("phase")
+    assert fig3["runs"] == 2 and fig3["calls"] == 2 * figures["calls"]
+    assert t3.loc["closer", "drift_ms"] == pytest.approx(0.0, abs=1e-6)  # (against a pooled median: +-1 ms)
+    assert t3.loc[">= 200 ms", "drift_ms"] == pytest.approx((4.0 + 4.008) / 2, abs=1e-6)
     with pytest.raises(ValueError, match="at least 4 updates"):
-        profile(pd.DataFrame(rows), updates.head(3))
+        profile([(calls, updates.head(3))])
+    with pytest.raises(ValueError, match="no answered call"):
+        profile([(calls.head(0), updates)])
+
+
+def test_phase_profiles_command_line_refuses_what_it_cannot_read(tmp_path, monkeypatch, capsys):
+    # exit 2 with the reason: a run dir without calls.parquet (a process-runner run), runs of other overrides,
+    # --costs for a run without its overrides, --seeds 0, too few updates
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import yaml
+    from phase_profile import main
+
+    calls, updates = _phase_calls()
+
+    def run(name, overrides=("env=latency", "runner=ray", "actors=3"), n=13):
+        d = tmp_path / name
+        d.mkdir()
+        calls.to_parquet(d / "calls.parquet")
+        updates.head(n).rename(columns={"started": "learner/started_t", "version": "learner/version"}).to_parquet(
+            d / "metrics.parquet")
+        if overrides is not None:
+            (d / ".hydra").mkdir()
+            (d / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(list(overrides)))
+        return str(d)
+
+    a, b = run("a"), run("b", ("env=latency", "runner=ray", "actors=4"))
+    bare, short, empty = run("bare", None), run("short", n=3), tmp_path / "process"
+    empty.mkdir()
+    costs = tmp_path / "costs.json"
+    costs.write_text("{}")
+    assert main([a]) == 0 and "1 runs" not in capsys.readouterr().out
+    for argv, why in (([str(empty)], "no calls.parquet"), ([a, b], "differ in their overrides"),
+                      ([bare, "--costs", str(costs)], "no .hydra/overrides.yaml"),
+                      ([a, "--seeds", "0", "--costs", str(costs)], "--seeds must be >= 1"),
+                      ([short], "at least 4 updates")):
+        assert main(argv) == 2, argv
+        assert why in capsys.readouterr().err, argv
 
 
 @pytest.mark.parametrize("actors", [8, 16])

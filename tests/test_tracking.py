@@ -202,3 +202,30 @@ def test_a_background_wandb_start_waits_for_the_actors_to_be_started(tmp_path, m
         assert later._ready.wait(30) and began[-1] is None
     finally:
         timeline.reset()
+
+
+def test_calls_parquet_keeps_the_first_calls_and_counts_the_rest(tmp_path, monkeypatch):
+    # a Ray run's calls.parquet is bounded (CALLS_MAX_ROWS): the first calls kept, in columns, the rest counted in
+    # summary.json; it is rewritten only when it grew (a crashed run keeps what was flushed)
+    import laglab.tracking as T
+    from laglab.config import TrackingConfig
+
+    monkeypatch.setattr(T, "CALLS_MAX_ROWS", 3)
+    cfg = TrackingConfig(progress=False)
+    cfg.wandb.mode = "disabled"
+    t = T.Tracker(tmp_path, cfg, total_env_steps=100)
+    row = dict(actor=1, incarnation=2, version=3, board_version=3, asked=0.1, answered=0.2, stepping=0.3, ended=0.4,
+               received=0.5)
+    t.add_call(row)
+    t.flush()
+    first = (tmp_path / "calls.parquet").stat().st_mtime_ns
+    t.flush()  # (nothing new: not rewritten)
+    assert (tmp_path / "calls.parquet").stat().st_mtime_ns == first
+    for i in range(4):
+        t.add_call({**row, "actor": 10 + i})
+    s = t.finish({"status": "completed"})
+    calls = pd.read_parquet(tmp_path / "calls.parquet")
+    assert calls["actor"].tolist() == [1, 10, 11] and calls["board_version"].dtype == "int64"
+    assert calls[["asked", "received"]].iloc[0].tolist() == [0.1, 0.5]
+    assert s["calls"] == {"kept": 3, "unkept": 2}
+

@@ -779,12 +779,14 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             yield from _cpu(env, cpu, costs.snapshot_cpu_s, 1, run_delay, i)
             version = yield from refresh(i, version, newest)
             call_times.append((t_call, env.now - t_call))
-            row = {"actor": i, "version": version, "asked": t_call, "answered": t_answered, "stepping": env.now}
+            row = {"actor": i, "incarnation": i, "version": version, "board_version": version if newest is None
+                   else newest, "asked": t_call, "answered": t_answered, "stepping": env.now} if trace else None
             if not stepped:
                 stepped = True
                 firsts.append(env.now)  # (its first env step comes next)
             yield from collect(i)
-            row["ended"] = env.now
+            if trace:
+                row["ended"] = env.now
             yield from _cpu(env, cpu, E * costs.send_s, 1, run_delay, i)
             yield answers.put((i, version, env.now, row))
         st["done_actors"] += 1
@@ -901,7 +903,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             staged.append(item)
             if len(staged) < need:
                 continue
-            started = env.now
+            started, closed_by = env.now, staged[-1][0]
             yield from learner_cpu(costs.update_s)
             lags.extend(st["version"] - s[2] for s in staged)
             st["trained"] += sum(s[1] for s in staged)
@@ -920,8 +922,9 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
                 credit[:] = consumed
                 ring()
             if trace:
-                update_rows.append({"started": started, "published": env.now if st["updates"] %
-                                    cfg.learner.broadcast_every == 0 else float("nan")})
+                update_rows.append({"started": started, "version": st["version"], "closed_by": closed_by,
+                                    "published": env.now if st["updates"] % cfg.learner.broadcast_every == 0
+                                    else float("nan")})
         st["end"] = max(st["end"], env.now)
         finished.succeed()
 

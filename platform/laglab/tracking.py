@@ -8,7 +8,8 @@ Local files (pandas sees exactly what W&B shows):
   raw values;
 - ``actors.parquet``: one row per (update, actor);
 - ``calls.parquet`` (``runner=ray``): one row per answered rollout call, its moments on the run's clock (the
-  ``wall_time`` clock; :meth:`Tracker.add_call`);
+  ``wall_time`` clock; :meth:`Tracker.add_call`): about ``env_steps / (envs_per_actor x rollout_len)`` rows, the
+  first :data:`CALLS_MAX_ROWS` of them kept (summary.json ``calls``: how many were kept and how many not);
 - ``episodes.parquet``: one row per finished episode;
 - all of them rewritten every ``flush_every_s`` seconds, so a crashed run keeps its rows;
 - ``summary.json``: written at the end, also when the run fails or is interrupted (``status`` says which).
@@ -24,6 +25,7 @@ at the end. ``env_steps`` is the x-axis of every metric.
 """
 from __future__ import annotations
 
+import array
 import collections
 import json
 import logging
@@ -75,6 +77,12 @@ def _write_parquet(rows: List[Dict[str, Any]], path: Path) -> None:
     tmp = path.with_suffix(".tmp.parquet")
     pd.DataFrame(rows).to_parquet(tmp, index=False)
     os.replace(tmp, path)
+
+
+CALL_COLUMNS = ("actor", "incarnation", "version", "board_version", "asked", "answered", "stepping", "ended",
+                "received")
+CALLS_MAX_ROWS = 200_000  # calls.parquet keeps the first this many calls (9 columns of 8 bytes: 14 MB in memory; a
+# rewrite at each flush takes tens of ms): a run of 1,000 workers of 128-step rollouts reaches it at 25.6M steps
 
 
 # ---- W&B -------------------------------------------------------------------------------------------------
@@ -253,7 +261,9 @@ class Tracker:
         self.rows: List[Dict[str, Any]] = []
         self.hist_rows: List[Dict[str, Any]] = []
         self.actor_rows: List[Dict[str, Any]] = []
-        self.call_rows: List[Dict[str, Any]] = []
+        self.calls = {k: array.array("d") for k in CALL_COLUMNS}  # calls.parquet's columns (add_call)
+        self.calls_unkept = 0  # calls past CALLS_MAX_ROWS
+        self._calls_written = 0
         self.best_return_mean = -math.inf  # the rolling mean's maximum, at every episode once the window is full
         self._lag_counts: Dict[float, int] = collections.Counter()  # version lag of every trained fragment
         self._last_console = self._last_wandb = -math.inf
@@ -279,16 +289,23 @@ class Tracker:
     def wall(self) -> float:
         return time.perf_counter() - self.t0
 
-    def from_epoch(self, t: float) -> float:
-        """A moment given as wall-clock time (``time.time()``, as a Ray worker reports it) on the run's clock."""
-        return t + (time.perf_counter() - time.time()) - self.t0
+    def epoch_offset(self) -> float:
+        """What to add to a wall-clock moment (``time.time()``) to put it on the run's clock: one reading of both
+        clocks, to be used for every moment of one report (read per moment, a preemption between the two reads
+        would shift one moment and not the others)."""
+        return time.perf_counter() - time.time() - self.t0
 
-    def add_call(self, row: Dict[str, Any]) -> None:
+    def add_call(self, row: Mapping[str, float]) -> None:
         """One answered rollout call (``runner=ray``; the receiver's thread): its actor, incarnation and version,
         and its moments on the run's clock (asked the board, held its answer, took the first env step, ended
-        the rollout, and the learner received it)."""
+        the rollout, and the receiver took its report: after the reports before it). Past CALLS_MAX_ROWS a call
+        is counted, not kept."""
         with self._lock:
-            self.call_rows.append(row)
+            if len(self.calls["actor"]) >= CALLS_MAX_ROWS:
+                self.calls_unkept += 1
+                return
+            for k in CALL_COLUMNS:
+                self.calls[k].append(float(row[k]))
 
     def add_episodes(self, episodes: Iterable[Episode], env_steps: int) -> None:
         w = self.wall()
@@ -403,9 +420,18 @@ class Tracker:
             _write_parquet(self.actor_rows, self.run_dir / "actors.parquet")
         with self._lock:
             eps = list(self.episodes)
-            calls = list(self.call_rows)
-        if calls:
-            _write_parquet(calls, self.run_dir / "calls.parquet")
+            n = len(self.calls["actor"])
+            calls = {k: np.frombuffer(v, dtype=np.float64)[:n].copy() for k, v in self.calls.items()} \
+                if n > self._calls_written else None
+        if calls is not None:  # (rewritten only when it grew: a memcpy of the columns under the lock, no rows)
+            import pandas as pd
+
+            for k in ("actor", "incarnation", "version", "board_version"):
+                calls[k] = calls[k].astype(np.int64)
+            tmp = self.run_dir / "calls.tmp.parquet"
+            pd.DataFrame(calls).to_parquet(tmp, index=False)
+            os.replace(tmp, self.run_dir / "calls.parquet")
+            self._calls_written = n
         if eps:
             _write_parquet(eps, self.run_dir / "episodes.parquet")
 
@@ -429,6 +455,8 @@ class Tracker:
         summary["episodes"] = self.n_episodes()
         summary["lag"] = self.lag_summary()
         summary["tracking_s"] = self.log_s
+        if self.calls_unkept or len(self.calls["actor"]):
+            summary["calls"] = {"kept": len(self.calls["actor"]), "unkept": self.calls_unkept}
         if self.wandb:
             self.wandb.wait(self.cfg.wandb.init_timeout_s + 30)  # (a short run can end while W&B still starts)
             summary["wandb"] = self.wandb.describe()

@@ -227,6 +227,7 @@ class LearnerDriver:
         # the update's start and the end of its publication on the run's clock (calls.parquet's clock: what
         # benchmarks/phase_profile.py places each Ray call against)
         m["learner/started_t"], m["learner/published_t"] = started, float("nan")
+        m["learner/closed_by"] = float(frags[-1].id.incarnation)  # (whose fragment completed the batch)
         if self.learner.updates % self.cfg.learner.broadcast_every == 0:
             self._publish()
             m["learner/published_t"] = self.tracker.wall()

@@ -363,6 +363,7 @@ class _Runner:
         self.lock = threading.RLock()  # the workers' call bookkeeping (learner and receiver threads)
         self.chaos = ChaosCounts()
         self.malformed = 0
+        self.calls_malformed = 0  # (calls.parquet readings that did not parse: dropped, the report taken)
         self.calls = 0
         self.board_work: Optional[Dict[str, float]] = None  # (the snapshot board's answers and CPU, read at the end)
         self.publish_s = 0.0  # the learner's own time posting its publications (encoding, the object store, the
@@ -474,9 +475,6 @@ class _Runner:
             if not isinstance(start, dict):
                 raise TypeError("start_wall")
             start = {str(k): float(v) for k, v in start.items()}
-            call = res.get("call")  # (a rollout's: its version and moments, as wall-clock time)
-            if call is not None:
-                call = {"version": int(call["version"]), **{k: float(call[k]) for k in CALL_MOMENTS}}
         except (KeyError, TypeError, ValueError):
             self.malformed += 1
             return False
@@ -492,10 +490,7 @@ class _Runner:
                 led.mark_sent(w.inc, env_index, t_end)
             w.link = held + frags  # on the link until each arrives
         self.tracker.add_episodes(episodes, self.budget.used)
-        if call is not None:  # (calls.parquet: the call's moments on the run's clock, and when it was received)
-            self.tracker.add_call({"actor": w.actor_id, "incarnation": w.inc, "version": call["version"],
-                                   **{k: self.tracker.from_epoch(call[k]) for k in CALL_MOMENTS},
-                                   "received": received})
+        self.record_call(w, res.get("call"), received)
         for f in frags:
             self.bytes_in += f.nbytes
             arrive_at_queue(led, self.queue, f, lambda: w.abandoned, lambda f=f: _drop(w.link, f), lambda _: None,
@@ -508,6 +503,23 @@ class _Runner:
         if self.slots[w.actor_id].worker is w:
             self.slots[w.actor_id].stats = stats
         return True
+
+    def record_call(self, w: _Worker, call: Any, received: float) -> None:
+        """calls.parquet's row for a rollout's report: its version and moments, sent as the worker's perf_counter
+        readings with the one offset that puts them on its wall clock, here put on the run's clock (on one host
+        exact to the two clocks' readings; across hosts as good as their wall clocks agree). A malformed one is
+        counted and dropped: it is a reading, not the report."""
+        if call is None:
+            return
+        try:
+            off = float(call["offset"]) + self.tracker.epoch_offset()
+            row = {"actor": w.actor_id, "incarnation": w.inc, "version": int(call["version"]),
+                   "board_version": int(call["board_version"]),
+                   **{k: float(call[k]) + off for k in CALL_MOMENTS}, "received": received}
+        except (KeyError, TypeError, ValueError):
+            self.calls_malformed += 1
+            return
+        self.tracker.add_call(row)
 
     def finalize(self, w: _Worker, reason: str) -> None:
         """The worker is gone (or let go): book what it had in hand for ``reason``; what its link held is lost
@@ -756,6 +768,7 @@ class _Runner:
         queue_info = {"max_depth": self.queue.stats.max_depth, "max_bytes": self.queue.stats.max_bytes,
                       "blocked_s": self.queue.stats.blocked_s, "capacity": self.queue.capacity,
                       "max_bytes_bound": self.queue.max_bytes, "malformed_results": self.malformed,
+                      "malformed_call_readings": self.calls_malformed,
                       "calls": self.calls, "bytes_received": self.bytes_in,
                       "ray_nodes": sorted(self.nodes), "board": self.board_work,
                       "publish_s": self.publish_s, "publishes": self.publishes}

@@ -82,11 +82,6 @@ def _wall(t: float) -> float:
 CALL_MOMENTS = ("asked", "answered", "stepping", "ended")  # a rollout call's moments (calls.parquet)
 
 
-def _epoch(t: float) -> float:
-    """A moment on this process's ``perf_counter`` clock as wall time."""
-    return time.time() - (time.perf_counter() - t)
-
-
 class _Poll:
     """The newest version for ``actor.refresh_lag``, without waiting: one question to the board is outstanding at
     a time; each call looks whether it has been answered (then takes the answer and asks again) and returns the
@@ -199,10 +194,11 @@ class RolloutWorker:
         self.actor.stats.snapshot_wait_s += run_delay_s() - wait0  # core, so in a crowd the way waits for one)
         t_stepping = time.perf_counter()
         ro = self.actor.collect(newest=_Poll(board, version), check_every=stale_check_every(self.cfg.actor.rollout_len))
-        # the call's version and its moments as wall-clock time (the learner's host has its own clocks): asked the
-        # board, held its answer, took the first env step, ended the rollout (calls.parquet)
-        call = {"version": self.version, **{k: _epoch(t) for k, t in zip(CALL_MOMENTS, (t0, t_answered, t_stepping,
-                                                                                        time.perf_counter()))}}
+        # the call's version (the snapshot it acted with) and its moments, as perf_counter readings with the one
+        # offset that puts them on this host's wall clock (the learner's host has its own clocks): asked the board,
+        # held its answer, took the first env step, ended the rollout (calls.parquet)
+        call = {"version": self.version, "board_version": version, "offset": time.time() - time.perf_counter(),
+                **dict(zip(CALL_MOMENTS, (t0, t_answered, t_stepping, time.perf_counter())))}
         self.produced += ro.steps
         if not ro.fragments:  # stale mid-rollout: produced and thrown away (the learner books it as "refresh")
             return self._report(ro.steps, self.ch.contents(), episodes=ro.episodes, discarded=ro.discarded,
