@@ -57,9 +57,10 @@ def window_rows(calls: pd.DataFrame, updates: pd.DataFrame) -> Tuple[pd.DataFram
     from laglab.sim import steady_window
 
     missing = [k for k in CALL_COLUMNS if k not in calls and k != "board_version"]
-    if missing or calls.empty:
-        raise ValueError(f"calls: no rows, or no column {', '.join(missing)}" if missing or not calls.empty
-                         else "calls: no answered call")
+    if missing:
+        raise ValueError(f"calls: no column {', '.join(missing)}")
+    if calls.empty:
+        raise ValueError("calls: no answered call")
     updates = updates.sort_values("started").reset_index(drop=True)
     starts = updates["started"].to_numpy(float)
     if len(starts) < 4:

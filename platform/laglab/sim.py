@@ -903,7 +903,7 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
             staged.append(item)
             if len(staged) < need:
                 continue
-            started, closed_by = env.now, staged[-1][0]
+            started, closed_by, posted = env.now, staged[-1][0], float("nan")
             yield from learner_cpu(costs.update_s)
             lags.extend(st["version"] - s[2] for s in staged)
             st["trained"] += sum(s[1] for s in staged)
@@ -921,10 +921,10 @@ def simulate(cfg: Config, costs: Optional[Costs] = None, latency: Optional[Laten
                     env.process(post(history[0]))
                 credit[:] = consumed
                 ring()
+                posted = env.now
             if trace:
                 update_rows.append({"started": started, "version": st["version"], "closed_by": closed_by,
-                                    "published": env.now if st["updates"] % cfg.learner.broadcast_every == 0
-                                    else float("nan")})
+                                    "published": posted})
         st["end"] = max(st["end"], env.now)
         finished.succeed()
 

@@ -71,7 +71,7 @@ def _jsonable(x: Any) -> Any:
     return str(x)
 
 
-def _write_parquet(rows: List[Dict[str, Any]], path: Path) -> None:
+def _write_parquet(rows: List[Dict[str, Any]] | Dict[str, Any], path: Path) -> None:  # (rows, or columns)
     import pandas as pd  # (not on the start-up path: the first write comes after the first updates)
 
     tmp = path.with_suffix(".tmp.parquet")
@@ -424,13 +424,9 @@ class Tracker:
             calls = {k: np.frombuffer(v, dtype=np.float64)[:n].copy() for k, v in self.calls.items()} \
                 if n > self._calls_written else None
         if calls is not None:  # (rewritten only when it grew: a memcpy of the columns under the lock, no rows)
-            import pandas as pd
-
             for k in ("actor", "incarnation", "version", "board_version"):
                 calls[k] = calls[k].astype(np.int64)
-            tmp = self.run_dir / "calls.tmp.parquet"
-            pd.DataFrame(calls).to_parquet(tmp, index=False)
-            os.replace(tmp, self.run_dir / "calls.parquet")
+            _write_parquet(calls, self.run_dir / "calls.parquet")
             self._calls_written = n
         if eps:
             _write_parquet(eps, self.run_dir / "episodes.parquet")
